@@ -1,0 +1,282 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+// Re-exported wire types, so users need not import shm.
+type (
+	Namespace = shm.Namespace
+	Tier      = shm.Tier
+	Stats     = shm.Stats
+)
+
+const (
+	TierNone = shm.TierNone
+	TierGPU  = shm.TierGPU
+	TierHost = shm.TierHost
+	TierNVMe = shm.TierNVMe
+)
+
+var (
+	// ErrNotFound: the block is not cached.
+	ErrNotFound = errors.New("kvtier: block not cached")
+	// ErrFull: every slot of the tier is leased or reserved.
+	ErrFull = errors.New("kvtier: tier full of leased or reserved blocks")
+	// ErrDisconnected: the connection to kvtierd was lost (daemon restart or
+	// the daemon closed the session). The next call reconnects.
+	ErrDisconnected = errors.New("kvtier: connection to kvtierd lost")
+	// ErrClosed: the session or client was closed.
+	ErrClosed = errors.New("kvtier: session closed")
+	// ErrDone: the reservation was already committed/aborted, or the lease
+	// already released.
+	ErrDone = errors.New("kvtier: reservation or lease already finished")
+	// ErrBlockSize: a buffer does not match the namespace's block size.
+	ErrBlockSize = errors.New("kvtier: buffer size differs from the namespace block size")
+)
+
+// RefusedError is the daemon's reason for refusing a connection.
+type RefusedError struct {
+	Code    shm.ErrCode
+	Message string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("kvtierd refused the connection (code %d): %s", e.Code, e.Message)
+}
+
+// Options configure a Client. The zero value works against a daemon on
+// embedded defaults.
+type Options struct {
+	// Socket is the daemon's control socket; default $KVTIER_SOCKET or the
+	// daemon's default path.
+	Socket string
+	// Name identifies this client in the daemon's logs.
+	Name string
+	// DialTimeout bounds connect + handshake; default 5s.
+	DialTimeout time.Duration
+	// Spin is how long a waiting session polls its completion ring before
+	// sleeping; default 50µs. Longer lowers latency and burns more CPU.
+	Spin time.Duration
+	// NoPopulate skips building the page tables of the arena mapping at
+	// connect (faster connect, slower first copies).
+	NoPopulate bool
+	// ProtocolVersion overrides the version sent (tests only).
+	ProtocolVersion uint16
+}
+
+// Client is a handle on one kvtierd. It is safe for concurrent use.
+type Client struct {
+	opts Options
+
+	mu       sync.Mutex
+	sessions map[*Session]struct{}
+	closed   bool
+}
+
+// Dial checks that the daemon answers and returns a Client for it.
+func Dial(ctx context.Context, opts Options) (*Client, error) {
+	if opts.Socket == "" {
+		opts.Socket = shm.DefaultSocket()
+	}
+	if opts.Name == "" {
+		opts.Name = filepath.Base(os.Args[0])
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	if opts.Spin == 0 {
+		opts.Spin = 50 * time.Microsecond
+	}
+	if opts.ProtocolVersion == 0 {
+		opts.ProtocolVersion = shm.ProtocolVersion
+	}
+	c := &Client{opts: opts, sessions: map[*Session]struct{}{}}
+	ac, err := c.dialAdmin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ac.Close()
+	return c, nil
+}
+
+// Socket is the control socket this client uses.
+func (c *Client) Socket() string { return c.opts.Socket }
+
+// Open starts a session for namespace ns.
+func (c *Client) Open(ctx context.Context, ns Namespace) (*Session, error) {
+	if err := ns.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Session{c: c, ns: ns}
+	cn, err := s.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		cn.kill(ErrClosed)
+		cn.wait()
+		return nil, ErrClosed
+	}
+	c.sessions[s] = struct{}{}
+	c.mu.Unlock()
+	s.cur = cn
+	return s, nil
+}
+
+// Close closes every session opened by this client.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	ss := make([]*Session, 0, len(c.sessions))
+	for s := range c.sessions {
+		ss = append(ss, s)
+	}
+	c.mu.Unlock()
+	for _, s := range ss {
+		s.Close()
+	}
+	return nil
+}
+
+func (c *Client) forget(s *Session) {
+	c.mu.Lock()
+	delete(c.sessions, s)
+	c.mu.Unlock()
+}
+
+// handshake connects and exchanges Hello/Welcome. It returns the socket,
+// the Welcome and the fds that came with it (owned by the caller).
+func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.UnixConn, shm.Welcome, []int, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unixpacket", c.opts.Socket)
+	if err != nil {
+		return nil, shm.Welcome{}, nil, fmt.Errorf("%w: dial %s: %v", ErrDisconnected, c.opts.Socket, err)
+	}
+	uc := nc.(*net.UnixConn)
+	fail := func(err error) (*net.UnixConn, shm.Welcome, []int, error) {
+		uc.Close()
+		return nil, shm.Welcome{}, nil, err
+	}
+	dl, _ := ctx.Deadline()
+	uc.SetDeadline(dl)
+	if err := shm.SendMsg(uc, shm.EncodeMsg(shm.MsgHello, c.opts.ProtocolVersion, h.Encode())); err != nil {
+		return fail(fmt.Errorf("%w: send hello: %v", ErrDisconnected, err))
+	}
+	buf := make([]byte, shm.MaxControlMsg)
+	raw, fds, err := shm.RecvMsg(uc, buf, wantFDs)
+	if err != nil {
+		return fail(fmt.Errorf("%w: handshake: %v", ErrDisconnected, err))
+	}
+	closeFDs := func() {
+		for _, fd := range fds {
+			closeFD(fd)
+		}
+	}
+	t, _, payload, err := shm.DecodeMsg(raw)
+	if err != nil {
+		closeFDs()
+		return fail(err)
+	}
+	switch t {
+	case shm.MsgError:
+		closeFDs()
+		e, err := shm.DecodeError(payload)
+		if err != nil {
+			return fail(err)
+		}
+		return fail(&RefusedError{Code: e.Code, Message: e.Message})
+	case shm.MsgWelcome:
+	default:
+		closeFDs()
+		return fail(fmt.Errorf("%w: expected welcome, got message type %d", shm.ErrMalformed, t))
+	}
+	w, err := shm.DecodeWelcome(payload)
+	if err == nil && len(fds) != wantFDs {
+		err = fmt.Errorf("%w: welcome carried %d fds, expected %d", shm.ErrMalformed, len(fds), wantFDs)
+	}
+	if err != nil {
+		closeFDs()
+		return fail(err)
+	}
+	uc.SetDeadline(time.Time{})
+	return uc, w, fds, nil
+}
+
+func (c *Client) dialAdmin(ctx context.Context) (*net.UnixConn, error) {
+	uc, _, _, err := c.handshake(ctx, shm.Hello{PID: uint32(os.Getpid()), Flags: shm.HelloFlagAdmin, Name: c.opts.Name}, 0)
+	return uc, err
+}
+
+// adminCall sends one control request on a fresh admin connection and
+// returns the reply's payload.
+func (c *Client) adminCall(ctx context.Context, t shm.MsgType, payload []byte, want shm.MsgType) ([]byte, error) {
+	uc, err := c.dialAdmin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer uc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		uc.SetDeadline(dl)
+	} else {
+		uc.SetDeadline(time.Now().Add(c.opts.DialTimeout))
+	}
+	if err := shm.SendMsg(uc, shm.EncodeMsg(t, c.opts.ProtocolVersion, payload)); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDisconnected, err)
+	}
+	buf := make([]byte, shm.MaxControlMsg)
+	raw, _, err := shm.RecvMsg(uc, buf, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDisconnected, err)
+	}
+	rt, _, p, err := shm.DecodeMsg(raw)
+	if err != nil {
+		return nil, err
+	}
+	if rt != want {
+		return nil, fmt.Errorf("%w: expected message type %d, got %d", shm.ErrMalformed, want, rt)
+	}
+	return p, nil
+}
+
+// Stats returns the daemon's status report.
+func (c *Client) Stats(ctx context.Context) (*Stats, error) {
+	p, err := c.adminCall(ctx, shm.MsgStatsReq, nil, shm.MsgStatsReply)
+	if err != nil {
+		return nil, fmt.Errorf("stats: %w", err)
+	}
+	var st Stats
+	if err := json.Unmarshal(p, &st); err != nil {
+		return nil, fmt.Errorf("stats: decode reply: %w", err)
+	}
+	return &st, nil
+}
+
+// Evict drops every unleased block of namespace id (all namespaces when all
+// is set) and returns how many blocks went.
+func (c *Client) Evict(ctx context.Context, namespaceID uint32, all bool) (int, error) {
+	req := shm.EvictReq{NamespaceID: namespaceID, All: all}
+	p, err := c.adminCall(ctx, shm.MsgEvictReq, req.Encode(), shm.MsgEvictReply)
+	if err != nil {
+		return 0, fmt.Errorf("evict: %w", err)
+	}
+	var r struct{ Evicted int }
+	if err := json.Unmarshal(p, &r); err != nil {
+		return 0, fmt.Errorf("evict: decode reply: %w", err)
+	}
+	return r.Evicted, nil
+}

@@ -1,0 +1,402 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+func closeFD(fd int) { unix.Close(fd) }
+
+// call is one submitted entry waiting for its completion.
+type call struct {
+	op        shm.Op
+	cqe       shm.CQE
+	err       error // set when the connection died before completion
+	done      chan struct{}
+	abandoned bool // caller gave up (context); guarded by conn.pmu
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+func getCall(op shm.Op) *call {
+	c := callPool.Get().(*call)
+	c.op, c.cqe, c.err, c.abandoned = op, shm.CQE{}, nil, false
+	return c
+}
+
+// putCall recycles a call whose completion has been consumed.
+func putCall(c *call) { callPool.Put(c) }
+
+// conn is one connection generation of a Session: socket, mappings, ring
+// and the two goroutines serving them.
+type conn struct {
+	s       *Session
+	sock    *net.UnixConn
+	welcome shm.Welcome
+	arena   *shm.Region
+	ringReg *shm.Region
+	ring    *shm.Ring
+	mem     []byte // arena mapping
+	spin    time.Duration
+
+	sqMu sync.Mutex
+
+	pmu     sync.Mutex
+	pending map[uint64]*call
+	nextUD  uint64
+	dead    bool
+	deadErr error
+
+	data dataArea
+
+	deadCh     chan struct{}
+	reaperDone chan struct{}
+	readerDone chan struct{}
+	// refs counts the live users of the mappings: 1 for the connection
+	// itself plus one per open reservation or lease.
+	refs atomic.Int64
+}
+
+func (s *Session) dial(ctx context.Context) (*conn, error) {
+	h := shm.Hello{PID: uint32(os.Getpid()), Namespace: s.ns, Name: s.c.opts.Name}
+	uc, w, fds, err := s.c.handshake(ctx, h, shm.WelcomeFDs)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*conn, error) {
+		uc.Close()
+		return nil, err
+	}
+	if w.BlockBytes != s.ns.BlockBytes {
+		closeFD(fds[0])
+		closeFD(fds[1])
+		return fail(fmt.Errorf("%w: daemon announced block size %d, namespace has %d", shm.ErrMalformed, w.BlockBytes, s.ns.BlockBytes))
+	}
+	if err := w.Ring.Validate(); err != nil || int64(w.RingSize) != w.Ring.Size() {
+		closeFD(fds[0])
+		closeFD(fds[1])
+		return fail(fmt.Errorf("%w: bad ring geometry (%v)", shm.ErrMalformed, err))
+	}
+	arena, err := shm.MapRegion(fds[0], int64(w.ArenaSize), !s.c.opts.NoPopulate)
+	if err != nil {
+		closeFD(fds[1])
+		return fail(fmt.Errorf("map host arena: %w", err))
+	}
+	ringReg, err := shm.MapRegion(fds[1], int64(w.RingSize), true)
+	if err != nil {
+		arena.Close()
+		return fail(fmt.Errorf("map ring: %w", err))
+	}
+	ring, err := shm.NewRing(ringReg.Bytes(), w.Ring, false)
+	if err != nil {
+		arena.Close()
+		ringReg.Close()
+		return fail(err)
+	}
+	cn := &conn{
+		s: s, sock: uc, welcome: w, arena: arena, ringReg: ringReg, ring: ring, mem: arena.Bytes(),
+		spin: s.c.opts.Spin, pending: map[uint64]*call{},
+		deadCh: make(chan struct{}), reaperDone: make(chan struct{}), readerDone: make(chan struct{}),
+	}
+	cn.data.init(len(ring.Data()))
+	cn.refs.Store(1)
+	go cn.reaper()
+	go cn.reader()
+	return cn, nil
+}
+
+// kill ends the connection: pending calls fail with err, goroutines exit.
+func (cn *conn) kill(err error) {
+	cn.pmu.Lock()
+	if cn.dead {
+		cn.pmu.Unlock()
+		return
+	}
+	cn.dead, cn.deadErr = true, err
+	pend := cn.pending
+	cn.pending = map[uint64]*call{}
+	cn.pmu.Unlock()
+	close(cn.deadCh)
+	for _, c := range pend {
+		c.err = err
+		c.done <- struct{}{}
+	}
+	cn.sock.Close()
+	cn.ring.ClientInterrupt()
+	cn.data.wake()
+}
+
+func (cn *conn) isDead() bool {
+	select {
+	case <-cn.deadCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait blocks until both goroutines have exited.
+func (cn *conn) wait() {
+	<-cn.reaperDone
+	<-cn.readerDone
+}
+
+func (cn *conn) ref() { cn.refs.Add(1) }
+
+// unref drops a mapping user; the last one unmaps.
+func (cn *conn) unref() {
+	if cn.refs.Add(-1) == 0 {
+		cn.arena.Close()
+		cn.ringReg.Close()
+	}
+}
+
+// reader watches the socket: the daemon never sends on a session socket
+// after the Welcome, so anything but silence means the session is over.
+func (cn *conn) reader() {
+	defer close(cn.readerDone)
+	buf := make([]byte, 4096)
+	_, fds, err := shm.RecvMsg(cn.sock, buf, 0)
+	for _, fd := range fds {
+		closeFD(fd)
+	}
+	if err == nil {
+		err = errors.New("unexpected message from daemon")
+	}
+	cn.kill(fmt.Errorf("%w: %v", ErrDisconnected, err))
+}
+
+// reaper drains the completion ring and wakes the callers. It is the ring's
+// only consumer. It exits when the connection dies and releases the
+// connection's own reference on the mappings.
+func (cn *conn) reaper() {
+	defer func() {
+		<-cn.readerDone
+		close(cn.reaperDone)
+		cn.unref()
+	}()
+	var cqes [64]shm.CQE
+	for {
+		n := cn.ring.ClientPop(cqes[:])
+		if n > 0 {
+			cn.complete(cqes[:n])
+			continue
+		}
+		if cn.isDead() {
+			return
+		}
+		cn.pmu.Lock()
+		busy := len(cn.pending) > 0
+		cn.pmu.Unlock()
+		spin := time.Duration(0)
+		if busy {
+			spin = cn.spin
+		}
+		cn.ring.ClientWait(spin, 50*time.Millisecond)
+	}
+}
+
+func (cn *conn) complete(cqes []shm.CQE) {
+	var undo []shm.SQE
+	cn.pmu.Lock()
+	for i := range cqes {
+		ud := cqes[i].UserData
+		if ud == 0 {
+			continue // fire-and-forget (release)
+		}
+		c, ok := cn.pending[ud]
+		if !ok {
+			continue
+		}
+		delete(cn.pending, ud)
+		if c.abandoned {
+			// The caller left (context); undo what the daemon granted so
+			// nothing stays pinned until the session ends.
+			if cqes[i].Status == shm.StatusOK {
+				switch c.op {
+				case shm.OpReserve:
+					undo = append(undo, shm.SQE{Op: shm.OpAbort, Token: cqes[i].Value})
+				case shm.OpAcquire:
+					undo = append(undo, shm.SQE{Op: shm.OpRelease, Token: cqes[i].Value})
+				}
+			}
+			putCall(c)
+			continue
+		}
+		c.cqe = cqes[i]
+		c.done <- struct{}{}
+	}
+	cn.pmu.Unlock()
+	if len(undo) > 0 {
+		cn.push(undo)
+	}
+	// Let the woken callers run on this P before the reaper polls again.
+	runtime.Gosched()
+}
+
+// push appends entries to the submission ring and rings the doorbell,
+// waiting (bounded by connection death) while the ring is full.
+func (cn *conn) push(es []shm.SQE) error {
+	cn.sqMu.Lock()
+	defer cn.sqMu.Unlock()
+	for len(es) > 0 {
+		n := cn.ring.ClientPush(es)
+		es = es[n:]
+		if n > 0 {
+			cn.ring.ClientWake()
+			continue
+		}
+		if cn.isDead() {
+			return cn.deadErr
+		}
+		runtime.Gosched()
+	}
+	return nil
+}
+
+// submit sends entries and waits for all their completions. On ctx
+// cancellation the remaining calls are abandoned (and undone on arrival).
+func (cn *conn) submit(ctx context.Context, es []shm.SQE, out []shm.CQE) error {
+	calls := make([]*call, len(es))
+	cn.pmu.Lock()
+	if cn.dead {
+		err := cn.deadErr
+		cn.pmu.Unlock()
+		return err
+	}
+	for i := range es {
+		c := getCall(es[i].Op)
+		cn.nextUD++
+		es[i].UserData = cn.nextUD
+		cn.pending[cn.nextUD] = c
+		calls[i] = c
+	}
+	cn.pmu.Unlock()
+	if err := cn.push(es); err != nil {
+		return err
+	}
+	var firstErr error
+	for i, c := range calls {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			cn.abandon(es[i:], calls[i:])
+			return ctx.Err()
+		}
+		if c.err != nil && firstErr == nil {
+			firstErr = c.err
+		}
+		out[i] = c.cqe
+		putCall(c)
+	}
+	return firstErr
+}
+
+// abandon marks calls whose completions the caller will not wait for.
+func (cn *conn) abandon(es []shm.SQE, calls []*call) {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	for i, c := range calls {
+		if _, ok := cn.pending[es[i].UserData]; ok {
+			c.abandoned = true
+			continue
+		}
+		// Already completed (or failed) but not consumed: undo now.
+		<-c.done
+		if c.err == nil && c.cqe.Status == shm.StatusOK {
+			switch c.op {
+			case shm.OpReserve:
+				go cn.push([]shm.SQE{{Op: shm.OpAbort, Token: c.cqe.Value}})
+			case shm.OpAcquire:
+				go cn.push([]shm.SQE{{Op: shm.OpRelease, Token: c.cqe.Value}})
+			}
+		}
+	}
+}
+
+// slot returns the arena bytes of a completion's slot after checking that
+// the daemon's offset lies inside the mapping.
+func (cn *conn) slot(c *shm.CQE) ([]byte, error) {
+	size := cn.welcome.BlockBytes
+	if c.Offset > uint64(len(cn.mem)) || size > uint64(len(cn.mem))-c.Offset {
+		return nil, fmt.Errorf("%w: daemon returned slot [%d,+%d) outside the %d-byte arena", shm.ErrMalformed, c.Offset, size, len(cn.mem))
+	}
+	return cn.mem[c.Offset : c.Offset+size : c.Offset+size], nil
+}
+
+// dataArea hands out page runs of the ring's data area for lookup batches.
+type dataArea struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	used  []bool
+	dead  bool
+	pages int
+}
+
+const dataPage = 4096
+
+func (d *dataArea) init(size int) {
+	d.cond = sync.NewCond(&d.mu)
+	d.pages = size / dataPage
+	d.used = make([]bool, d.pages)
+}
+
+// maxBytes is the largest single allocation.
+func (d *dataArea) maxBytes() int { return d.pages * dataPage }
+
+// alloc returns the offset of a run of pages covering n bytes, waiting for
+// space. ok is false if the connection died meanwhile.
+func (d *dataArea) alloc(n int) (off int, ok bool) {
+	want := (n + dataPage - 1) / dataPage
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		if d.dead {
+			return 0, false
+		}
+		run := 0
+		for i := 0; i < d.pages; i++ {
+			if d.used[i] {
+				run = 0
+				continue
+			}
+			run++
+			if run == want {
+				start := i - want + 1
+				for j := start; j <= i; j++ {
+					d.used[j] = true
+				}
+				return start * dataPage, true
+			}
+		}
+		d.cond.Wait()
+	}
+}
+
+func (d *dataArea) free(off, n int) {
+	want := (n + dataPage - 1) / dataPage
+	d.mu.Lock()
+	for j := off / dataPage; j < off/dataPage+want; j++ {
+		d.used[j] = false
+	}
+	d.mu.Unlock()
+	d.cond.Broadcast()
+}
+
+func (d *dataArea) wake() {
+	d.mu.Lock()
+	d.dead = true
+	d.mu.Unlock()
+	d.cond.Broadcast()
+}

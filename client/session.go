@@ -1,0 +1,502 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+// Session is a connection to kvtierd for one namespace. It reconnects by
+// itself after the daemon restarts. Safe for concurrent use.
+type Session struct {
+	c  *Client
+	ns Namespace
+
+	mu     sync.Mutex // guards cur and closed; held while reconnecting
+	cur    *conn
+	closed bool
+}
+
+// Namespace is the session's namespace.
+func (s *Session) Namespace() Namespace { return s.ns }
+
+// NamespaceID is the daemon's stable id for the namespace.
+func (s *Session) NamespaceID() uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return 0
+	}
+	return s.cur.welcome.NamespaceID
+}
+
+// BlockBytes is the namespace's block size.
+func (s *Session) BlockBytes() int { return int(s.ns.BlockBytes) }
+
+// conn returns the live connection, reconnecting if the last one died.
+func (s *Session) conn(ctx context.Context) (*conn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if s.cur != nil && !s.cur.isDead() {
+		return s.cur, nil
+	}
+	cn, err := s.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reconnect: %w", err)
+	}
+	s.cur = cn
+	return cn, nil
+}
+
+// Close ends the session. Open leases stay readable until released.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	cn := s.cur
+	s.mu.Unlock()
+	if cn != nil {
+		cn.kill(ErrClosed)
+		cn.wait()
+	}
+	s.c.forget(s)
+	return nil
+}
+
+func statusErr(st shm.Status) error {
+	switch st {
+	case shm.StatusOK:
+		return nil
+	case shm.StatusNotFound:
+		return ErrNotFound
+	case shm.StatusFull:
+		return ErrFull
+	case shm.StatusNoToken:
+		return ErrDone
+	}
+	return fmt.Errorf("kvtier: daemon answered %s", st)
+}
+
+// Reservation is a slot reserved for a new block: write Bytes, then Commit
+// (or Abort).
+type Reservation struct {
+	Hash  Hash
+	cn    *conn
+	token uint64
+	buf   []byte
+	done  atomic.Bool
+}
+
+// Bytes is the slot to write the block into (the namespace's block size).
+func (r *Reservation) Bytes() []byte { return r.buf }
+
+// Commit publishes the block; Lookup and Acquire see it once Commit returns.
+func (r *Reservation) Commit(ctx context.Context) error {
+	return r.finish(ctx, shm.OpCommit)
+}
+
+// Abort gives the slot back without publishing.
+func (r *Reservation) Abort(ctx context.Context) error {
+	return r.finish(ctx, shm.OpAbort)
+}
+
+func (r *Reservation) finish(ctx context.Context, op shm.Op) error {
+	if !r.done.CompareAndSwap(false, true) {
+		return ErrDone
+	}
+	defer r.cn.unref()
+	var out [1]shm.CQE
+	if err := r.cn.submit(ctx, []shm.SQE{{Op: op, Token: r.token}}, out[:]); err != nil {
+		return fmt.Errorf("%s %s: %w", op, r.Hash, err)
+	}
+	if err := statusErr(out[0].Status); err != nil {
+		return fmt.Errorf("%s %s: %w", op, r.Hash, err)
+	}
+	return nil
+}
+
+// Lease pins a cached block for reading until Release.
+type Lease struct {
+	Hash  Hash
+	Tier  Tier
+	cn    *conn
+	token uint64
+	buf   []byte
+	done  atomic.Bool
+}
+
+// Bytes is the block (read-only by contract: other readers share it).
+func (l *Lease) Bytes() []byte { return l.buf }
+
+// Release unpins the block. It does not wait for the daemon: the session's
+// rings are ordered, so later calls of this session see it released.
+func (l *Lease) Release() error {
+	if !l.done.CompareAndSwap(false, true) {
+		return ErrDone
+	}
+	defer l.cn.unref()
+	if err := l.cn.push([]shm.SQE{{Op: shm.OpRelease, Token: l.token}}); err != nil {
+		return fmt.Errorf("release %s: %w", l.Hash, err)
+	}
+	return nil
+}
+
+// ReserveBatch reserves slots for hashes with one doorbell. res[i] is nil
+// when hashes[i] is already cached or being written (a duplicate put is a
+// no-op) or when the tier was full for it, in which case err is ErrFull and
+// the other reservations are still valid.
+func (s *Session) ReserveBatch(ctx context.Context, hashes []Hash) ([]*Reservation, error) {
+	cn, err := s.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	es := make([]shm.SQE, len(hashes))
+	for i, h := range hashes {
+		es[i] = shm.SQE{Op: shm.OpReserve, Hash: h}
+	}
+	out := make([]shm.CQE, len(hashes))
+	if err := cn.submit(ctx, es, out); err != nil {
+		return nil, fmt.Errorf("reserve: %w", err)
+	}
+	res := make([]*Reservation, len(hashes))
+	var full bool
+	var firstErr error
+	for i := range out {
+		switch out[i].Status {
+		case shm.StatusOK:
+			buf, err := cn.slot(&out[i])
+			if err != nil {
+				cn.kill(err)
+				return nil, err
+			}
+			cn.ref()
+			res[i] = &Reservation{Hash: hashes[i], cn: cn, token: out[i].Value, buf: buf}
+		case shm.StatusExists:
+		case shm.StatusFull:
+			full = true
+		default:
+			if firstErr == nil {
+				firstErr = fmt.Errorf("reserve %s: %w", hashes[i], statusErr(out[i].Status))
+			}
+		}
+	}
+	if firstErr != nil {
+		return res, firstErr
+	}
+	if full {
+		return res, fmt.Errorf("reserve: %w", ErrFull)
+	}
+	return res, nil
+}
+
+// Reserve reserves a slot for one block. It returns (nil, nil) when the
+// block is already cached or being written.
+func (s *Session) Reserve(ctx context.Context, h Hash) (*Reservation, error) {
+	rs, err := s.ReserveBatch(ctx, []Hash{h})
+	if err != nil {
+		return nil, err
+	}
+	return rs[0], nil
+}
+
+// CommitBatch commits reservations with one doorbell.
+func (s *Session) CommitBatch(ctx context.Context, rs []*Reservation) error {
+	return finishBatch(ctx, rs, shm.OpCommit)
+}
+
+// AbortBatch aborts reservations with one doorbell.
+func (s *Session) AbortBatch(ctx context.Context, rs []*Reservation) error {
+	return finishBatch(ctx, rs, shm.OpAbort)
+}
+
+func finishBatch(ctx context.Context, rs []*Reservation, op shm.Op) error {
+	// Group by connection generation: reservations of a dead connection are
+	// void and report ErrDisconnected.
+	byConn := map[*conn][]*Reservation{}
+	for _, r := range rs {
+		if r == nil {
+			continue
+		}
+		if !r.done.CompareAndSwap(false, true) {
+			return fmt.Errorf("%s %s: %w", op, r.Hash, ErrDone)
+		}
+		byConn[r.cn] = append(byConn[r.cn], r)
+	}
+	var errs []error
+	for cn, group := range byConn {
+		es := make([]shm.SQE, len(group))
+		for i, r := range group {
+			es[i] = shm.SQE{Op: op, Token: r.token}
+		}
+		out := make([]shm.CQE, len(group))
+		err := cn.submit(ctx, es, out)
+		for range group {
+			cn.unref()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", op, err))
+			continue
+		}
+		for i := range out {
+			if e := statusErr(out[i].Status); e != nil {
+				errs = append(errs, fmt.Errorf("%s %s: %w", op, group[i].Hash, e))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// AcquireBatch leases cached blocks with one doorbell; ls[i] is nil on a
+// miss.
+func (s *Session) AcquireBatch(ctx context.Context, hashes []Hash) ([]*Lease, error) {
+	cn, err := s.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	es := make([]shm.SQE, len(hashes))
+	for i, h := range hashes {
+		es[i] = shm.SQE{Op: shm.OpAcquire, Hash: h}
+	}
+	out := make([]shm.CQE, len(hashes))
+	if err := cn.submit(ctx, es, out); err != nil {
+		return nil, fmt.Errorf("acquire: %w", err)
+	}
+	ls := make([]*Lease, len(hashes))
+	for i := range out {
+		switch out[i].Status {
+		case shm.StatusOK:
+			buf, err := cn.slot(&out[i])
+			if err != nil {
+				cn.kill(err)
+				return nil, err
+			}
+			cn.ref()
+			ls[i] = &Lease{Hash: hashes[i], Tier: out[i].Tier, cn: cn, token: out[i].Value, buf: buf}
+		case shm.StatusNotFound:
+		default:
+			for _, l := range ls {
+				if l != nil {
+					l.Release()
+				}
+			}
+			return nil, fmt.Errorf("acquire %s: %w", hashes[i], statusErr(out[i].Status))
+		}
+	}
+	return ls, nil
+}
+
+// Acquire leases one cached block; ErrNotFound on a miss.
+func (s *Session) Acquire(ctx context.Context, h Hash) (*Lease, error) {
+	ls, err := s.AcquireBatch(ctx, []Hash{h})
+	if err != nil {
+		return nil, err
+	}
+	if ls[0] == nil {
+		return nil, ErrNotFound
+	}
+	return ls[0], nil
+}
+
+// ReleaseBatch releases leases.
+func (s *Session) ReleaseBatch(ls []*Lease) error {
+	var errs []error
+	for _, l := range ls {
+		if l != nil {
+			if err := l.Release(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PutBatch copies blocks into the cache: reserve all, copy, commit all.
+// It returns how many were stored; already-cached blocks are skipped.
+func (s *Session) PutBatch(ctx context.Context, hashes []Hash, blocks [][]byte) (int, error) {
+	if len(hashes) != len(blocks) {
+		return 0, fmt.Errorf("put: %d hashes for %d blocks", len(hashes), len(blocks))
+	}
+	for _, b := range blocks {
+		if uint64(len(b)) != s.ns.BlockBytes {
+			return 0, fmt.Errorf("put: %w (%d, want %d)", ErrBlockSize, len(b), s.ns.BlockBytes)
+		}
+	}
+	rs, err := s.ReserveBatch(ctx, hashes)
+	if rs == nil {
+		return 0, err
+	}
+	stored := 0
+	for i, r := range rs {
+		if r != nil {
+			copy(r.buf, blocks[i])
+			stored++
+		}
+	}
+	if cerr := s.CommitBatch(ctx, rs); cerr != nil {
+		return 0, cerr
+	}
+	return stored, err
+}
+
+// Put copies one block into the cache. stored is false when it was already
+// cached.
+func (s *Session) Put(ctx context.Context, h Hash, block []byte) (stored bool, err error) {
+	n, err := s.PutBatch(ctx, []Hash{h}, [][]byte{block})
+	return n == 1, err
+}
+
+// GetBatch copies cached blocks into dsts; found[i] reports a hit.
+func (s *Session) GetBatch(ctx context.Context, hashes []Hash, dsts [][]byte) ([]bool, error) {
+	if len(hashes) != len(dsts) {
+		return nil, fmt.Errorf("get: %d hashes for %d buffers", len(hashes), len(dsts))
+	}
+	for _, b := range dsts {
+		if uint64(len(b)) != s.ns.BlockBytes {
+			return nil, fmt.Errorf("get: %w (%d, want %d)", ErrBlockSize, len(b), s.ns.BlockBytes)
+		}
+	}
+	ls, err := s.AcquireBatch(ctx, hashes)
+	if err != nil {
+		return nil, err
+	}
+	found := make([]bool, len(hashes))
+	for i, l := range ls {
+		if l != nil {
+			copy(dsts[i], l.buf)
+			found[i] = true
+		}
+	}
+	return found, s.ReleaseBatch(ls)
+}
+
+// Get copies one cached block into dst; ErrNotFound on a miss.
+func (s *Session) Get(ctx context.Context, h Hash, dst []byte) error {
+	found, err := s.GetBatch(ctx, []Hash{h}, [][]byte{dst})
+	if err != nil {
+		return err
+	}
+	if !found[0] {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// DeleteBatch removes blocks (leased ones go when released) and returns how
+// many were present.
+func (s *Session) DeleteBatch(ctx context.Context, hashes []Hash) (int, error) {
+	cn, err := s.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	es := make([]shm.SQE, len(hashes))
+	for i, h := range hashes {
+		es[i] = shm.SQE{Op: shm.OpDelete, Hash: h}
+	}
+	out := make([]shm.CQE, len(hashes))
+	if err := cn.submit(ctx, es, out); err != nil {
+		return 0, fmt.Errorf("delete: %w", err)
+	}
+	n := 0
+	for i := range out {
+		switch out[i].Status {
+		case shm.StatusOK:
+			n++
+		case shm.StatusNotFound:
+		default:
+			return n, fmt.Errorf("delete %s: %w", hashes[i], statusErr(out[i].Status))
+		}
+	}
+	return n, nil
+}
+
+// Delete removes one block; it reports whether it was present.
+func (s *Session) Delete(ctx context.Context, h Hash) (bool, error) {
+	n, err := s.DeleteBatch(ctx, []Hash{h})
+	return n == 1, err
+}
+
+// LookupResult says how many leading blocks of a chain are cached and in
+// which tier each of them is.
+type LookupResult struct {
+	Hits  int
+	Tiers []Tier
+}
+
+// Lookup finds the longest cached prefix of chain in one round trip (more
+// if the chain exceeds the session's data area).
+func (s *Session) Lookup(ctx context.Context, chain []Hash) (LookupResult, error) {
+	var res LookupResult
+	if len(chain) == 0 {
+		return res, nil
+	}
+	cn, err := s.conn(ctx)
+	if err != nil {
+		return res, err
+	}
+	per := cn.data.maxBytes() / (shm.LookupKeySize + 1)
+	res.Tiers = make([]Tier, 0, len(chain))
+	for len(chain) > 0 {
+		part := chain[:min(len(chain), per)]
+		chain = chain[len(part):]
+		hits, err := cn.lookup(ctx, part, &res.Tiers)
+		if err != nil {
+			return LookupResult{}, fmt.Errorf("lookup: %w", err)
+		}
+		res.Hits += hits
+		if hits < len(part) {
+			break
+		}
+	}
+	return res, nil
+}
+
+func (cn *conn) lookup(ctx context.Context, part []Hash, tiers *[]Tier) (int, error) {
+	n := len(part) * (shm.LookupKeySize + 1)
+	off, ok := cn.data.alloc(n)
+	if !ok {
+		return 0, cn.deadErr
+	}
+	defer cn.data.free(off, n)
+	buf := cn.ring.Data()[off : off+n]
+	for i, h := range part {
+		shm.EncodeHash(buf[i*shm.LookupKeySize:], h)
+	}
+	var out [1]shm.CQE
+	e := []shm.SQE{{Op: shm.OpLookup, Count: uint32(len(part)), Buf: uint32(off), BufLen: uint32(n)}}
+	if err := cn.submit(ctx, e, out[:]); err != nil {
+		return 0, err
+	}
+	if err := statusErr(out[0].Status); err != nil {
+		return 0, err
+	}
+	hits := int(out[0].Value)
+	if hits > len(part) {
+		return 0, fmt.Errorf("%w: lookup of %d keys answered %d hits", shm.ErrMalformed, len(part), hits)
+	}
+	res := buf[len(part)*shm.LookupKeySize:]
+	for i := 0; i < hits; i++ {
+		*tiers = append(*tiers, Tier(res[i]))
+	}
+	return hits, nil
+}
+
+// Nop sends an empty request through the rings and waits for its
+// completion: the bare round-trip cost, for benchmarks and health checks.
+func (s *Session) Nop(ctx context.Context) error {
+	cn, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	var out [1]shm.CQE
+	return cn.submit(ctx, []shm.SQE{{Op: shm.OpNop}}, out[:])
+}

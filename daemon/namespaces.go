@@ -1,0 +1,291 @@
+package daemon
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+// NamespaceSpec is the wire type: the wire format (and its Validate, which
+// names the offending field) lives in one place, shm, and the registry keys
+// on the exact struct, so two engines share ids only if every field matches.
+type NamespaceSpec = shm.Namespace
+
+// maxNamespaces bounds the registry (each Register rewrites the whole file);
+// real hosts have a handful of models x TP ranks.
+const maxNamespaces = 1 << 16
+
+const (
+	registryFile    = "namespaces.json"
+	registryVersion = 1
+)
+
+// registryDoc is the on-disk form. NextID is stored rather than recomputed
+// so that an id is never handed out twice even if entries are ever removed.
+type registryDoc struct {
+	Version    int              `json:"version"`
+	Epoch      uint64           `json:"epoch"`
+	NextID     uint32           `json:"next_id"`
+	Namespaces []registryRecord `json:"namespaces"`
+}
+
+type registryRecord struct {
+	ID   uint32        `json:"id"`
+	Spec NamespaceSpec `json:"spec"`
+}
+
+// Registry hands out stable namespace ids (starting at 1; 0 means "none")
+// and persists them in <StateDir>/namespaces.json. It is safe for
+// concurrent use; lookups never wait for a Register's fsync.
+type Registry struct {
+	path  string
+	epoch uint64
+
+	wmu sync.Mutex // serializes writers; held across the file write
+
+	mu     sync.RWMutex // guards the maps and nextID; writers also hold wmu
+	byID   map[uint32]NamespaceSpec
+	bySpec map[NamespaceSpec]uint32
+	nextID uint32
+}
+
+// OpenRegistry loads (or starts) the registry in stateDir, creating the
+// directory with mode 0750 if needed. A corrupt file is moved aside to
+// namespaces.json.corrupt-<unix> and the registry starts empty with a new
+// Epoch, logged as a warning. Other read errors, and a file from a newer
+// version, are returned rather than risk discarding ids.
+func OpenRegistry(stateDir string) (*Registry, error) {
+	if err := os.MkdirAll(stateDir, 0o750); err != nil {
+		return nil, fmt.Errorf("namespace registry: %w", err)
+	}
+	r := &Registry{
+		path:   filepath.Join(stateDir, registryFile),
+		byID:   map[uint32]NamespaceSpec{},
+		bySpec: map[NamespaceSpec]uint32{},
+		nextID: 1,
+	}
+	// Temp files left by a crash between create and rename are garbage.
+	if stale, _ := filepath.Glob(r.path + ".tmp-*"); len(stale) > 0 {
+		for _, p := range stale {
+			_ = os.Remove(p)
+		}
+	}
+	data, err := os.ReadFile(r.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return r.fresh()
+	case err != nil:
+		return nil, fmt.Errorf("namespace registry: %w", err)
+	}
+	doc, err := decodeRegistry(data)
+	if errors.Is(err, errRegistryVersion) {
+		return nil, fmt.Errorf("namespace registry %s: %w", r.path, err)
+	}
+	if err != nil {
+		aside := fmt.Sprintf("%s.corrupt-%d", r.path, time.Now().Unix())
+		if rerr := os.Rename(r.path, aside); rerr != nil {
+			return nil, fmt.Errorf("namespace registry %s is corrupt (%v) and could not be moved aside: %w", r.path, err, rerr)
+		}
+		slog.Default().Warn("namespace registry corrupt; moved aside and starting empty with a new epoch",
+			"path", r.path, "moved_to", aside, "err", err)
+		return r.fresh()
+	}
+	r.epoch, r.nextID = doc.Epoch, doc.NextID
+	for _, rec := range doc.Namespaces {
+		r.byID[rec.ID] = rec.Spec
+		r.bySpec[rec.Spec] = rec.ID
+	}
+	return r, nil
+}
+
+// fresh gives a new (or reset) registry a random epoch and persists it at
+// once, so the epoch is stable from the first Open.
+func (r *Registry) fresh() (*Registry, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	r.epoch = binary.LittleEndian.Uint64(b[:]) | 1 // never 0, so 0 can mean "unknown"
+	if err := r.persist(nil); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+var errRegistryVersion = errors.New("unsupported registry version")
+
+func decodeRegistry(data []byte) (*registryDoc, error) {
+	var doc registryDoc
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&doc); err != nil {
+		return nil, err
+	}
+	if doc.Version > registryVersion {
+		return nil, fmt.Errorf("%w %d (this kvtierd knows %d)", errRegistryVersion, doc.Version, registryVersion)
+	}
+	if doc.Version != registryVersion {
+		return nil, fmt.Errorf("bad version %d", doc.Version)
+	}
+	if doc.Epoch == 0 {
+		return nil, errors.New("missing epoch")
+	}
+	if doc.NextID == 0 {
+		return nil, errors.New("missing next_id")
+	}
+	ids := map[uint32]bool{}
+	specs := map[NamespaceSpec]bool{}
+	for _, rec := range doc.Namespaces {
+		if rec.ID == 0 || rec.ID >= doc.NextID {
+			return nil, fmt.Errorf("namespace id %d out of range [1, next_id %d)", rec.ID, doc.NextID)
+		}
+		if ids[rec.ID] || specs[rec.Spec] {
+			return nil, fmt.Errorf("namespace id %d duplicated", rec.ID)
+		}
+		if err := rec.Spec.Validate(); err != nil {
+			return nil, fmt.Errorf("namespace id %d: %w", rec.ID, err)
+		}
+		ids[rec.ID], specs[rec.Spec] = true, true
+	}
+	return &doc, nil
+}
+
+// Epoch identifies this registry's id space. It changes only when the file
+// had to be discarded; anything persisted with namespace ids (the NVMe tier)
+// must store the epoch and drop its data when it differs, or blocks of one
+// model could be served under another model's reused id.
+func (r *Registry) Epoch() uint64 { return r.epoch }
+
+// Register returns the id of spec, assigning and durably persisting a new
+// one if it is unknown. The same spec always gets the same id, across
+// restarts too.
+func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
+	if err := spec.Validate(); err != nil {
+		return 0, err
+	}
+	r.mu.RLock()
+	id, ok := r.bySpec[spec]
+	r.mu.RUnlock()
+	if ok {
+		return id, nil
+	}
+
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	// Maps change only under wmu, so they can be read here without mu.
+	if id, ok := r.bySpec[spec]; ok {
+		return id, nil // registered while we waited
+	}
+	if len(r.byID) >= maxNamespaces {
+		return 0, fmt.Errorf("namespace registry full (%d namespaces)", maxNamespaces)
+	}
+	id = r.nextID
+	if id == 0 { // wrapped
+		return 0, errors.New("namespace ids exhausted")
+	}
+	// Persist before publishing: an id a client has seen must survive a crash.
+	if err := r.persist(&registryRecord{ID: id, Spec: spec}); err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	r.byID[id] = spec
+	r.bySpec[spec] = id
+	r.nextID = id + 1
+	r.mu.Unlock()
+	return id, nil
+}
+
+// Lookup returns the spec registered under id.
+func (r *Registry) Lookup(id uint32) (NamespaceSpec, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	s, ok := r.byID[id]
+	return s, ok
+}
+
+// All returns a copy of every registered namespace.
+func (r *Registry) All() map[uint32]NamespaceSpec {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make(map[uint32]NamespaceSpec, len(r.byID))
+	for id, s := range r.byID {
+		out[id] = s
+	}
+	return out
+}
+
+// persist writes the current contents plus add (if not nil) atomically:
+// temp file, fsync, rename, fsync the directory so the rename itself is
+// durable. Caller holds wmu (or is the sole owner during Open).
+func (r *Registry) persist(add *registryRecord) error {
+	doc := registryDoc{Version: registryVersion, Epoch: r.epoch, NextID: r.nextID}
+	for id, s := range r.byID {
+		doc.Namespaces = append(doc.Namespaces, registryRecord{ID: id, Spec: s})
+	}
+	if add != nil {
+		doc.Namespaces = append(doc.Namespaces, *add)
+		doc.NextID = add.ID + 1
+	}
+	slices.SortFunc(doc.Namespaces, func(a, b registryRecord) int { return cmp.Compare(a.ID, b.ID) })
+	if doc.Namespaces == nil {
+		doc.Namespaces = []registryRecord{}
+	}
+	data, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	data = append(data, '\n')
+	if err := writeFileAtomic(r.path, data, 0o640); err != nil {
+		return fmt.Errorf("namespace registry: %w", err)
+	}
+	return nil
+}
+
+func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err = f.Chmod(perm); err != nil {
+		return err
+	}
+	if _, err = f.Write(data); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

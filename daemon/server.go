@@ -1,0 +1,384 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Version is the daemon's version string, reported in status.
+var Version = "0.1.0-dev"
+
+// handshakeTimeout bounds how long an unauthenticated peer may hold a
+// connection before sending its Hello.
+const handshakeTimeout = 2 * time.Second
+
+// Daemon is a running kvtierd instance.
+type Daemon struct {
+	cfg   Config
+	log   *slog.Logger
+	start time.Time
+
+	lock  *os.File
+	arena *shm.Region
+	host  *tiers.Host
+	reg   *Registry
+	ln    *net.UnixListener
+
+	allowUID map[uint32]bool
+	allowGID map[uint32]bool
+
+	mu       sync.Mutex
+	sessions map[uint64]*session
+	nextID   uint64
+	wg       sync.WaitGroup
+	closing  atomic.Bool
+
+	sessionsTotal atomic.Uint64
+	sessionsBad   atomic.Uint64
+	ops           [16]atomic.Uint64
+}
+
+// New prepares a daemon: directories, state lock, namespace registry, host
+// arena and listening socket. Nothing is served until Run.
+func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{},
+		allowUID: map[uint32]bool{}, allowGID: map[uint32]bool{}}
+	for _, u := range cfg.Auth.UIDs {
+		d.allowUID[u] = true
+	}
+	for _, g := range cfg.Auth.GIDs {
+		d.allowGID[g] = true
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.closeResources()
+		}
+	}()
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create state dir %s: %w", cfg.StateDir, err)
+	}
+	lock, err := lockFile(filepath.Join(cfg.StateDir, "kvtierd.lock"))
+	if err != nil {
+		return nil, err
+	}
+	d.lock = lock
+	if d.reg, err = OpenRegistry(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("open namespace registry: %w", err)
+	}
+	t0 := time.Now()
+	if d.arena, err = shm.CreateRegion("kvtier-host-arena", int64(cfg.Host.Capacity), cfg.Host.HugePages); err != nil {
+		return nil, fmt.Errorf("create host arena: %w", err)
+	}
+	if cfg.Host.HugePages && !d.arena.Huge {
+		log.Warn("hugepages requested but unavailable; host arena uses normal pages")
+	}
+	if cfg.Host.Prefault {
+		if err := d.arena.Populate(); err != nil {
+			return nil, fmt.Errorf("prefault host arena: %w", err)
+		}
+	}
+	d.host, err = tiers.NewHost(d.arena.Bytes(), tiers.HostConfig{SlabBytes: int64(cfg.Host.SlabBytes), Align: 4096})
+	if err != nil {
+		return nil, fmt.Errorf("host tier: %w", err)
+	}
+	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
+		"hugepages", d.arena.Huge, "prefault", cfg.Host.Prefault, "took", time.Since(t0).Round(time.Millisecond))
+	if d.ln, err = listen(cfg.RuntimeDir, cfg.Socket); err != nil {
+		return nil, err
+	}
+	log.Info("kvtierd listening", "socket", cfg.Socket, "state_dir", cfg.StateDir, "runtime_dir", cfg.RuntimeDir,
+		"allowed_uids", cfg.Auth.UIDs, "allowed_gids", cfg.Auth.GIDs, "pid", os.Getpid(), "version", Version)
+	ok = true
+	return d, nil
+}
+
+// lockFile takes an exclusive lock so that two daemons never share a state
+// dir.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another kvtierd holds the state dir %s (lock %s)", filepath.Dir(path), path)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// listen binds the SOCK_SEQPACKET control socket, refusing to steal a socket
+// another live daemon serves and removing a stale one.
+func listen(runtimeDir, path string) (*net.UnixListener, error) {
+	if err := os.MkdirAll(runtimeDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create runtime dir %s: %w", runtimeDir, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("create socket dir %s: %w", filepath.Dir(path), err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		c, derr := net.DialTimeout("unixpacket", path, time.Second)
+		if derr == nil {
+			c.Close()
+			return nil, fmt.Errorf("another kvtierd is serving %s", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+		}
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	// Access is decided by SO_PEERCRED; the mode keeps others from even
+	// connecting.
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod socket %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	return ln, nil
+}
+
+// Run serves until ctx is cancelled, then closes every session and returns.
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.closeResources()
+	stop := context.AfterFunc(ctx, func() {
+		d.closing.Store(true)
+		d.ln.Close()
+	})
+	defer stop()
+	var err error
+	for {
+		c, aerr := d.ln.AcceptUnix()
+		if aerr != nil {
+			if !d.closing.Load() {
+				err = fmt.Errorf("accept: %w", aerr)
+				d.log.Error("accept failed; shutting down", "err", aerr)
+			}
+			break
+		}
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.serveConn(ctx, c)
+		}()
+	}
+	d.closing.Store(true)
+	d.mu.Lock()
+	for _, s := range d.sessions {
+		s.stop()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	d.log.Info("kvtierd stopped")
+	return err
+}
+
+func (d *Daemon) closeResources() {
+	if d.ln != nil {
+		d.ln.Close()
+	}
+	if d.arena != nil {
+		d.arena.Close()
+	}
+	if d.lock != nil {
+		d.lock.Close()
+	}
+}
+
+// peerCred returns the connecting process's credentials (captured by the
+// kernel at connect time).
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+func (d *Daemon) refuse(c *net.UnixConn, code shm.ErrCode, msg string) {
+	e := shm.ErrorMsg{Code: code, Message: msg}
+	_ = shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode()))
+}
+
+// serveConn authenticates a connection, runs its handshake and then the
+// session until either side ends it.
+func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	cred, err := peerCred(c)
+	if err != nil {
+		d.log.Warn("peer credentials unavailable; refusing", "err", err)
+		return
+	}
+	log := d.log.With("pid", cred.Pid, "uid", cred.Uid)
+	if !d.allowUID[cred.Uid] && !d.allowGID[cred.Gid] {
+		log.Warn("refusing unauthorized peer", "gid", cred.Gid)
+		d.refuse(c, shm.CodeUnauthorized, fmt.Sprintf("uid %d gid %d is not allowed to use kvtierd (see auth.uids/auth.gids)", cred.Uid, cred.Gid))
+		return
+	}
+	if d.closing.Load() {
+		d.refuse(c, shm.CodeShutdown, "kvtierd is shutting down")
+		return
+	}
+	c.SetDeadline(time.Now().Add(handshakeTimeout))
+	buf := make([]byte, shm.MaxHelloSize)
+	raw, fds, err := shm.RecvMsg(c, buf, 0)
+	if err != nil {
+		log.Warn("handshake failed", "err", err)
+		d.refuse(c, shm.CodeBadRequest, fmt.Sprintf("bad handshake: %v", err))
+		return
+	}
+	_ = fds // maxFDs 0: any fd was closed and rejected by RecvMsg
+	t, ver, payload, err := shm.DecodeMsg(raw)
+	if err == nil && t != shm.MsgHello {
+		err = fmt.Errorf("expected hello, got message type %d", t)
+	}
+	if err != nil {
+		log.Warn("handshake failed", "err", err)
+		d.refuse(c, shm.CodeBadRequest, fmt.Sprintf("bad handshake: %v", err))
+		return
+	}
+	if ver < shm.MinProtocolVersion || ver > shm.ProtocolVersion {
+		log.Warn("unsupported protocol version", "version", ver)
+		d.refuse(c, shm.CodeVersion, fmt.Sprintf("protocol version %d unsupported; kvtierd speaks %d..%d", ver, shm.MinProtocolVersion, shm.ProtocolVersion))
+		return
+	}
+	hello, err := shm.DecodeHello(payload)
+	if err != nil {
+		log.Warn("handshake failed", "err", err)
+		d.refuse(c, shm.CodeBadRequest, err.Error())
+		return
+	}
+	if hello.Flags&shm.HelloFlagAdmin != 0 {
+		d.serveAdmin(ctx, c, log)
+		return
+	}
+	s, err := d.newSession(c, cred, hello, log)
+	if err != nil {
+		return // newSession refused with a reason
+	}
+	c.SetDeadline(time.Time{})
+	s.run()
+}
+
+// serveAdmin answers control-only requests (status, evict) until the peer
+// hangs up.
+func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logger) {
+	w := shm.Welcome{}
+	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode())); err != nil {
+		return
+	}
+	c.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
+	defer stop()
+	buf := make([]byte, 4096)
+	for {
+		raw, _, err := shm.RecvMsg(c, buf, 0)
+		if err != nil {
+			return
+		}
+		if err := d.control(c, raw); err != nil {
+			log.Warn("closing admin connection", "reason", err)
+			return
+		}
+	}
+}
+
+// control answers one out-of-band request.
+func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
+	t, _, payload, err := shm.DecodeMsg(raw)
+	if err != nil {
+		return err
+	}
+	switch t {
+	case shm.MsgStatsReq:
+		if len(payload) != 0 {
+			return fmt.Errorf("%w: stats request with %d payload bytes", shm.ErrMalformed, len(payload))
+		}
+		b, err := json.Marshal(d.Stats())
+		if err != nil {
+			return err
+		}
+		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgStatsReply, shm.ProtocolVersion, b))
+	case shm.MsgEvictReq:
+		req, err := shm.DecodeEvictReq(payload)
+		if err != nil {
+			return err
+		}
+		var n int
+		if req.All {
+			for id := range d.reg.All() {
+				n += d.host.DeleteNS(id)
+			}
+		} else {
+			n = d.host.DeleteNS(req.NamespaceID)
+		}
+		d.log.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
+		b, _ := json.Marshal(map[string]int{"evicted": n})
+		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgEvictReply, shm.ProtocolVersion, b))
+	default:
+		return fmt.Errorf("%w: unexpected message type %d", shm.ErrMalformed, t)
+	}
+}
+
+// Stats reports the daemon's state.
+func (d *Daemon) Stats() shm.Stats {
+	hs := d.host.Stats()
+	ratio := 0.0
+	if hs.Hits+hs.Misses > 0 {
+		ratio = float64(hs.Hits) / float64(hs.Hits+hs.Misses)
+	}
+	st := shm.Stats{
+		Version: Version, PID: os.Getpid(), UptimeSeconds: time.Since(d.start).Seconds(),
+		Socket: d.cfg.Socket, StateDir: d.cfg.StateDir,
+		Tiers: []shm.TierStats{{
+			Name: "host", CapacityBytes: hs.CapacityBytes, UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
+			Reserved: hs.Reserved, Leased: hs.Leased, Hits: hs.Hits, Misses: hs.Misses,
+			Evictions: hs.Evictions, HitRatio: ratio, HugePages: d.arena.Huge,
+		}},
+		SessionsTotal: d.sessionsTotal.Load(), SessionsBad: d.sessionsBad.Load(),
+		Ops: map[string]uint64{},
+	}
+	for op := shm.OpLookup; op.Valid(); op++ {
+		st.Ops[op.String()] = d.ops[op].Load()
+	}
+	perNS := map[uint32]int{}
+	d.mu.Lock()
+	st.Sessions = len(d.sessions)
+	for _, s := range d.sessions {
+		perNS[s.nsID]++
+	}
+	d.mu.Unlock()
+	for id, ns := range d.reg.All() {
+		st.Namespaces = append(st.Namespaces, shm.NamespaceStats{ID: id, Namespace: ns, Sessions: perNS[id]})
+	}
+	return st
+}

@@ -1,0 +1,320 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// sleepBound caps each futex sleep of the ring loop so a stop request or a
+// lost doorbell (the peer is untrusted) is noticed promptly.
+const sleepBound = 50 * time.Millisecond
+
+// errStopped ends a ring loop that was asked to stop.
+var errStopped = errors.New("session stopped")
+
+type session struct {
+	d     *Daemon
+	id    uint64
+	conn  *net.UnixConn
+	log   *slog.Logger
+	nsID  uint32
+	block int64
+
+	region *shm.Region
+	ring   *shm.Ring
+	data   []byte // the ring region's data area (peer-writable)
+	spin   time.Duration
+
+	stopOnce sync.Once
+	stopCh   chan struct{}
+
+	// Owned by the ring loop goroutine alone.
+	nextToken uint64
+	res       map[uint64]*tiers.Handle
+	leases    map[uint64]*tiers.Handle
+	keys      []tiers.Key
+	tiersOut  []shm.Tier
+}
+
+// newSession registers the namespace, creates the session's ring region and
+// sends the Welcome with the arena and ring fds. On failure it refuses the
+// peer with a reason and returns an error.
+func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log *slog.Logger) (*session, error) {
+	nsID, err := d.reg.Register(h.Namespace)
+	if err != nil {
+		log.Warn("namespace refused", "err", err)
+		d.refuse(c, shm.CodeNamespace, err.Error())
+		return nil, err
+	}
+	if int64(h.Namespace.BlockBytes) > int64(d.cfg.Host.SlabBytes) {
+		err := fmt.Errorf("block_bytes %d exceeds the host tier's slab size %d", h.Namespace.BlockBytes, d.cfg.Host.SlabBytes)
+		d.refuse(c, shm.CodeNamespace, err.Error())
+		return nil, err
+	}
+	layout := shm.RingLayout{Entries: uint32(d.cfg.Session.RingEntries), DataSize: uint32(d.cfg.Session.DataBytes)}
+	d.mu.Lock()
+	if len(d.sessions) >= d.cfg.Session.MaxSessions {
+		d.mu.Unlock()
+		err := fmt.Errorf("session limit %d reached", d.cfg.Session.MaxSessions)
+		d.refuse(c, shm.CodeBusy, err.Error())
+		return nil, err
+	}
+	d.nextID++
+	id := d.nextID
+	d.mu.Unlock()
+
+	region, err := shm.CreateRegion(fmt.Sprintf("kvtier-session-%d", id), layout.Size(), false)
+	if err != nil {
+		d.refuse(c, shm.CodeInternal, "cannot create ring region")
+		return nil, fmt.Errorf("session %d: %w", id, err)
+	}
+	ring, err := shm.NewRing(region.Bytes(), layout, true)
+	if err != nil {
+		region.Close()
+		d.refuse(c, shm.CodeInternal, "cannot create ring")
+		return nil, err
+	}
+	s := &session{
+		d: d, id: id, conn: c, nsID: nsID, block: int64(h.Namespace.BlockBytes),
+		log:    log.With("session", id, "namespace", nsID, "client", h.Name),
+		region: region, ring: ring, data: ring.Data(),
+		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
+		stopCh: make(chan struct{}), res: map[uint64]*tiers.Handle{}, leases: map[uint64]*tiers.Handle{},
+	}
+	w := shm.Welcome{
+		SessionID: id, NamespaceID: nsID, BlockBytes: h.Namespace.BlockBytes,
+		ArenaSize: uint64(d.arena.Size()), RingSize: uint64(region.Size()), Ring: layout,
+	}
+	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode()), d.arena.Fd(), region.Fd()); err != nil {
+		region.Close()
+		return nil, fmt.Errorf("send welcome: %w", err)
+	}
+	d.mu.Lock()
+	d.sessions[id] = s
+	d.mu.Unlock()
+	d.sessionsTotal.Add(1)
+	s.log.Info("session opened", "model", h.Namespace.ModelID, "block_bytes", h.Namespace.BlockBytes)
+	return s, nil
+}
+
+func (s *session) stop() {
+	s.stopOnce.Do(func() { close(s.stopCh) })
+	s.ring.DaemonInterrupt()
+}
+
+func (s *session) stopped() bool {
+	select {
+	case <-s.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// run serves the session until the peer disconnects, breaks the protocol,
+// or the daemon stops; then frees everything the session held.
+func (s *session) run() {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.readControl()
+	}()
+	err := s.loop()
+	t0 := time.Now()
+	s.teardown()
+	switch {
+	case errors.Is(err, errStopped):
+		s.log.Info("session closed", "freed_in", time.Since(t0))
+	default:
+		s.d.sessionsBad.Add(1)
+		s.log.Warn("closing session: peer broke the protocol", "reason", err)
+	}
+	s.conn.Close() // ends readControl; tells the client
+	wg.Wait()
+	s.region.Close()
+	s.d.mu.Lock()
+	delete(s.d.sessions, s.id)
+	s.d.mu.Unlock()
+}
+
+// readControl handles out-of-band requests and notices the peer's death: a
+// killed client's socket reads EOF, which stops the ring loop at once.
+func (s *session) readControl() {
+	defer s.stop()
+	buf := make([]byte, 4096)
+	for {
+		raw, _, err := shm.RecvMsg(s.conn, buf, 0)
+		if err != nil {
+			return
+		}
+		if err := s.d.control(s.conn, raw); err != nil {
+			s.log.Warn("bad control message; closing session", "reason", err)
+			return
+		}
+	}
+}
+
+// teardown aborts open reservations and drops held leases, so a dead
+// client's slots return to the arena immediately.
+func (s *session) teardown() {
+	for t, h := range s.res {
+		s.d.host.Abort(h)
+		delete(s.res, t)
+	}
+	for t, h := range s.leases {
+		s.d.host.Release(h)
+		delete(s.leases, t)
+	}
+}
+
+// loop is the session's ring loop: pop what fits in the completion ring,
+// dispatch, publish completions, sleep on the doorbell when idle.
+func (s *session) loop() error {
+	const batch = 64
+	var sqes [batch]shm.SQE
+	var cqes [batch]shm.CQE
+	for {
+		if s.stopped() {
+			return errStopped
+		}
+		space, err := s.ring.DaemonCQSpace()
+		if err != nil {
+			return err
+		}
+		if space == 0 {
+			// The client is not draining completions; back off without
+			// spinning on its behalf.
+			time.Sleep(50 * time.Microsecond)
+			continue
+		}
+		n, err := s.ring.DaemonPop(sqes[:min(space, batch)])
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			s.ring.DaemonWait(s.spin, sleepBound)
+			continue
+		}
+		for i := 0; i < n; i++ {
+			if err := s.dispatch(&sqes[i], &cqes[i]); err != nil {
+				return fmt.Errorf("entry %d (%s, user_data %#x): %w", i, sqes[i].Op, sqes[i].UserData, err)
+			}
+		}
+		s.ring.DaemonPush(cqes[:n])
+	}
+}
+
+// dispatch executes one validated entry. A returned error is a protocol
+// violation that closes the session; an operation that merely fails
+// completes with a status.
+func (s *session) dispatch(e *shm.SQE, c *shm.CQE) error {
+	*c = shm.CQE{UserData: e.UserData}
+	if !e.Op.Valid() {
+		return fmt.Errorf("unknown op %d", e.Op)
+	}
+	if e.Flags != 0 {
+		return fmt.Errorf("unknown flags %#x", e.Flags)
+	}
+	s.d.ops[e.Op].Add(1)
+	host := s.d.host
+	key := tiers.Key{NS: s.nsID, Hash: e.Hash}
+	switch e.Op {
+	case shm.OpNop:
+	case shm.OpLookup:
+		return s.lookup(e, c)
+	case shm.OpReserve:
+		h, err := host.Reserve(key, s.block)
+		switch {
+		case errors.Is(err, tiers.ErrExists):
+			c.Status = shm.StatusExists
+		case errors.Is(err, tiers.ErrFull):
+			c.Status = shm.StatusFull
+		case err != nil:
+			s.log.Error("reserve failed", "err", err)
+			c.Status = shm.StatusInternal
+		default:
+			s.nextToken++
+			s.res[s.nextToken] = h
+			c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), shm.TierHost
+		}
+	case shm.OpCommit, shm.OpAbort:
+		h, ok := s.res[e.Token]
+		if !ok {
+			c.Status = shm.StatusNoToken
+			return nil
+		}
+		delete(s.res, e.Token)
+		var err error
+		if e.Op == shm.OpCommit {
+			err = host.Commit(h)
+		} else {
+			err = host.Abort(h)
+		}
+		if err != nil {
+			s.log.Error("reservation state error", "op", e.Op, "err", err)
+			c.Status = shm.StatusInternal
+		}
+	case shm.OpAcquire:
+		h, ok := host.Acquire(key)
+		if !ok {
+			c.Status = shm.StatusNotFound
+			return nil
+		}
+		s.nextToken++
+		s.leases[s.nextToken] = h
+		c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), shm.TierHost
+	case shm.OpRelease:
+		h, ok := s.leases[e.Token]
+		if !ok {
+			c.Status = shm.StatusNoToken
+			return nil
+		}
+		delete(s.leases, e.Token)
+		if err := host.Release(h); err != nil {
+			s.log.Error("lease state error", "err", err)
+			c.Status = shm.StatusInternal
+		}
+	case shm.OpDelete:
+		if !host.Delete(key) {
+			c.Status = shm.StatusNotFound
+		}
+	}
+	return nil
+}
+
+// lookup copies the chain out of the data area once, probes the index and
+// writes one tier byte per key back.
+func (s *session) lookup(e *shm.SQE, c *shm.CQE) error {
+	kr, rr, err := e.LookupSpan(len(s.data))
+	if err != nil {
+		return err
+	}
+	n := int(e.Count)
+	if cap(s.keys) < n {
+		s.keys = make([]tiers.Key, n)
+		s.tiersOut = make([]shm.Tier, n)
+	}
+	keys, out := s.keys[:n], s.tiersOut[:n]
+	src := s.data[kr[0]:kr[1]]
+	for i := range keys {
+		keys[i] = tiers.Key{NS: s.nsID, Hash: shm.DecodeHash(src[i*shm.LookupKeySize:])}
+	}
+	clear(out)
+	hits := s.d.host.Lookup(keys, out)
+	dst := s.data[rr[0]:rr[1]]
+	for i := range dst {
+		dst[i] = byte(out[i])
+	}
+	c.Value = uint64(hits)
+	return nil
+}

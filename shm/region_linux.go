@@ -1,0 +1,139 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// RequiredSeals are the seals every shared region carries before it is
+// handed to a peer: the size can never change under a mapping (which would
+// turn a peer's ftruncate into SIGBUS in the other process), and no further
+// seals can be added.
+const RequiredSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// Region is a sealed memfd and its shared read-write mapping.
+type Region struct {
+	fd   int
+	mem  []byte
+	Huge bool // backed by hugetlb pages
+}
+
+// CreateRegion makes a sealed memfd of size bytes and maps it. With huge set
+// it tries MFD_HUGETLB first and falls back to normal pages (size must then
+// be a multiple of the huge page size for the first attempt to succeed).
+func CreateRegion(name string, size int64, huge bool) (*Region, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("create region %s: invalid size %d", name, size)
+	}
+	if huge {
+		r, err := createRegion(name, size, unix.MFD_HUGETLB)
+		if err == nil {
+			r.Huge = true
+			return r, nil
+		}
+	}
+	return createRegion(name, size, 0)
+}
+
+func createRegion(name string, size int64, extra int) (*Region, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|extra)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create %s: %w", name, err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("size region %s to %d bytes: %w", name, size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, RequiredSeals); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("seal region %s: %w", name, err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("map region %s: %w", name, err)
+	}
+	return &Region{fd: fd, mem: mem}, nil
+}
+
+// ErrBadRegion reports a region fd received from a peer that is not safe to
+// map: wrong size, missing seals or not a memfd.
+var ErrBadRegion = errors.New("unsafe shared region")
+
+// MapRegion maps an fd received from a peer after checking that it is sealed
+// against resizing and has exactly wantSize bytes. It takes ownership of fd
+// (closing it on error).
+func MapRegion(fd int, wantSize int64, populate bool) (*Region, error) {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: get seals: %v", ErrBadRegion, err)
+	}
+	if seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: seals %#x lack shrink/grow", ErrBadRegion, seals)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: fstat: %v", ErrBadRegion, err)
+	}
+	if st.Size != wantSize || wantSize <= 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: size %d, expected %d", ErrBadRegion, st.Size, wantSize)
+	}
+	flags := unix.MAP_SHARED
+	if populate {
+		// Building the page tables now keeps minor faults (one per 4 KiB
+		// page, as costly as the copy itself) off the data path.
+		flags |= unix.MAP_POPULATE
+	}
+	mem, err := unix.Mmap(fd, 0, int(wantSize), unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("map peer region: %w", err)
+	}
+	return &Region{fd: fd, mem: mem}, nil
+}
+
+// Bytes is the mapping. It is valid until Close.
+func (r *Region) Bytes() []byte { return r.mem }
+
+// Fd is the memfd, for passing to a peer with SCM_RIGHTS.
+func (r *Region) Fd() int { return r.fd }
+
+// Size is the region length in bytes.
+func (r *Region) Size() int64 { return int64(len(r.mem)) }
+
+// Populate faults every page in now (MADV_POPULATE_WRITE), so that the first
+// copies into the region do not pay for page allocation.
+func (r *Region) Populate() error {
+	if err := unix.Madvise(r.mem, unix.MADV_POPULATE_WRITE); err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			// Kernels before 5.14: touch one byte per page instead.
+			for i := 0; i < len(r.mem); i += unix.Getpagesize() {
+				r.mem[i] = 0
+			}
+			return nil
+		}
+		return fmt.Errorf("populate region: %w", err)
+	}
+	return nil
+}
+
+// Close unmaps the region and closes the fd. The memory lives on while a
+// peer still maps it.
+func (r *Region) Close() error {
+	var errs []error
+	if r.mem != nil {
+		errs = append(errs, unix.Munmap(r.mem))
+		r.mem = nil
+	}
+	if r.fd >= 0 {
+		errs = append(errs, unix.Close(r.fd))
+		r.fd = -1
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,286 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Ring region layout. Every index that one side writes sits on its own
+// cache line so producer and consumer never false-share.
+//
+//	0    header (magic, version, geometry) — written by the daemon at creation
+//	64   sq tail   (client writes)
+//	128  sq head   (daemon writes)
+//	192  sq sleep flag, sq futex seq (daemon sleeps, client rings)
+//	256  cq tail   (daemon writes)
+//	320  cq head   (client writes)
+//	384  cq sleep flag, cq futex seq (client sleeps, daemon rings)
+//	512  SQ entries, then CQ entries, then the data area, page aligned.
+const (
+	ringMagic   = 0x4b56_5247 // "KVRG"
+	RingVersion = 1
+
+	offSQTail  = 64
+	offSQHead  = 128
+	offSQSleep = 192
+	offSQSeq   = 196
+	offCQTail  = 256
+	offCQHead  = 320
+	offCQSleep = 384
+	offCQSeq   = 388
+	ringHdrLen = 512
+
+	MinRingEntries = 8
+	MaxRingEntries = 1 << 16
+)
+
+// ErrRingCorrupt means the peer wrote impossible ring indices or geometry.
+var ErrRingCorrupt = errors.New("ring corrupt")
+
+// RingLayout is the geometry of a session's ring region. Both sides derive
+// offsets from it; the client receives it in the Welcome message and the
+// daemon keeps its own copy (never re-reading the shared header).
+type RingLayout struct {
+	Entries  uint32 // SQ and CQ entry count, power of two
+	DataSize uint32 // bytes of the data area used for batch keys/results
+}
+
+func (l RingLayout) sqOff() int   { return ringHdrLen }
+func (l RingLayout) cqOff() int   { return ringHdrLen + int(l.Entries)*SQESize }
+func (l RingLayout) DataOff() int { return alignUp(l.cqOff()+int(l.Entries)*CQESize, 4096) }
+
+// Size is the total region size, page aligned.
+func (l RingLayout) Size() int64 { return int64(alignUp(l.DataOff()+int(l.DataSize), 4096)) }
+
+// Validate checks the geometry (also when it arrives from a peer).
+func (l RingLayout) Validate() error {
+	if l.Entries < MinRingEntries || l.Entries > MaxRingEntries || l.Entries&(l.Entries-1) != 0 {
+		return fmt.Errorf("%w: ring entries %d not a power of two in [%d, %d]", ErrRingCorrupt, l.Entries, MinRingEntries, MaxRingEntries)
+	}
+	if l.DataSize > 1<<30 {
+		return fmt.Errorf("%w: data area %d bytes too large", ErrRingCorrupt, l.DataSize)
+	}
+	return nil
+}
+
+func alignUp(n, a int) int { return (n + a - 1) &^ (a - 1) }
+
+// Ring is a view of one session's rings over a mapped region. The daemon
+// uses the Daemon* methods, the client the Client* methods; each side keeps
+// the indices it owns privately.
+type Ring struct {
+	mem    []byte
+	layout RingLayout
+	mask   uint32
+
+	sqTail, sqHead, sqSleep, sqSeq *atomic.Uint32
+	cqTail, cqHead, cqSleep, cqSeq *atomic.Uint32
+
+	// Private copies of the indices this side owns.
+	localSQ uint32 // daemon: sq head; client: sq tail
+	localCQ uint32 // daemon: cq tail; client: cq head
+}
+
+// NewRing builds a view over mem (the ring region's mapping). init writes
+// the header and zeroes the indices; only the creator (the daemon) does so.
+func NewRing(mem []byte, l RingLayout, init bool) (*Ring, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if int64(len(mem)) < l.Size() {
+		return nil, fmt.Errorf("%w: region %d bytes, layout needs %d", ErrRingCorrupt, len(mem), l.Size())
+	}
+	u32 := func(off int) *atomic.Uint32 { return (*atomic.Uint32)(unsafe.Pointer(&mem[off])) }
+	r := &Ring{
+		mem: mem, layout: l, mask: l.Entries - 1,
+		sqTail: u32(offSQTail), sqHead: u32(offSQHead), sqSleep: u32(offSQSleep), sqSeq: u32(offSQSeq),
+		cqTail: u32(offCQTail), cqHead: u32(offCQHead), cqSleep: u32(offCQSleep), cqSeq: u32(offCQSeq),
+	}
+	if init {
+		clear(mem[:ringHdrLen])
+		binary.LittleEndian.PutUint32(mem[0:], ringMagic)
+		binary.LittleEndian.PutUint32(mem[4:], RingVersion)
+		binary.LittleEndian.PutUint32(mem[8:], l.Entries)
+		binary.LittleEndian.PutUint32(mem[12:], l.DataSize)
+	} else if binary.LittleEndian.Uint32(mem[0:]) != ringMagic || binary.LittleEndian.Uint32(mem[8:]) != l.Entries {
+		return nil, fmt.Errorf("%w: header does not match the announced layout", ErrRingCorrupt)
+	}
+	return r, nil
+}
+
+// Layout returns the ring geometry.
+func (r *Ring) Layout() RingLayout { return r.layout }
+
+// Data is the session's data area (batch keys and results).
+func (r *Ring) Data() []byte {
+	off := r.layout.DataOff()
+	return r.mem[off : off+int(r.layout.DataSize) : off+int(r.layout.DataSize)]
+}
+
+func (r *Ring) sqe(i uint32) []byte {
+	off := r.layout.sqOff() + int(i&r.mask)*SQESize
+	return r.mem[off : off+SQESize : off+SQESize]
+}
+
+func (r *Ring) cqe(i uint32) []byte {
+	off := r.layout.cqOff() + int(i&r.mask)*CQESize
+	return r.mem[off : off+CQESize : off+CQESize]
+}
+
+// ---- client side ----
+
+// ClientSQSpace is how many SQEs can be pushed now.
+func (r *Ring) ClientSQSpace() int {
+	return int(r.layout.Entries - (r.localSQ - r.sqHead.Load()))
+}
+
+// ClientPush appends entries to the submission ring and returns how many fit.
+// It does not ring the doorbell; call ClientWake after a batch.
+func (r *Ring) ClientPush(es []SQE) int {
+	space := r.ClientSQSpace()
+	if space < 0 || space > int(r.layout.Entries) {
+		// The daemon published an impossible head; push nothing.
+		return 0
+	}
+	n := min(space, len(es))
+	for i := 0; i < n; i++ {
+		es[i].Encode(r.sqe(r.localSQ + uint32(i)))
+	}
+	r.localSQ += uint32(n)
+	r.sqTail.Store(r.localSQ)
+	return n
+}
+
+// ClientWake rings the daemon's doorbell if it went to sleep.
+func (r *Ring) ClientWake() {
+	if r.sqSleep.Load() != 0 {
+		r.sqSeq.Add(1)
+		futexWakeAll(r.sqSeq)
+	}
+}
+
+// ClientPop moves up to len(dst) completions out of the completion ring.
+func (r *Ring) ClientPop(dst []CQE) int {
+	avail := r.cqTail.Load() - r.localCQ
+	if avail > r.layout.Entries {
+		return 0
+	}
+	n := min(int(avail), len(dst))
+	for i := 0; i < n; i++ {
+		dst[i].Decode(r.cqe(r.localCQ + uint32(i)))
+	}
+	r.localCQ += uint32(n)
+	r.cqHead.Store(r.localCQ)
+	return n
+}
+
+// ClientPending reports whether completions are waiting.
+func (r *Ring) ClientPending() bool { return r.cqTail.Load() != r.localCQ }
+
+// ClientWait blocks until a completion may be available or d passes. It
+// spins for spin first, then sleeps on the completion futex.
+func (r *Ring) ClientWait(spin, d time.Duration) {
+	waitOn(r.ClientPending, r.cqSleep, r.cqSeq, spin, d)
+}
+
+// ClientInterrupt wakes a ClientWait in this process (used at close).
+func (r *Ring) ClientInterrupt() {
+	r.cqSeq.Add(1)
+	futexWakeAll(r.cqSeq)
+}
+
+// ---- daemon side ----
+
+// DaemonPop validates the client's tail and decodes up to len(dst) entries.
+// The entries are copied out of shared memory before anything looks at them.
+func (r *Ring) DaemonPop(dst []SQE) (int, error) {
+	tail := r.sqTail.Load()
+	avail := tail - r.localSQ
+	if avail > r.layout.Entries {
+		return 0, fmt.Errorf("%w: submission tail %d is %d entries past head %d (ring holds %d)", ErrRingCorrupt, tail, avail, r.localSQ, r.layout.Entries)
+	}
+	n := min(int(avail), len(dst))
+	for i := 0; i < n; i++ {
+		dst[i].Decode(r.sqe(r.localSQ + uint32(i)))
+	}
+	r.localSQ += uint32(n)
+	r.sqHead.Store(r.localSQ)
+	return n, nil
+}
+
+// DaemonCQSpace validates the client's completion head and returns the free
+// completion slots.
+func (r *Ring) DaemonCQSpace() (int, error) {
+	head := r.cqHead.Load()
+	used := r.localCQ - head
+	if used > r.layout.Entries {
+		return 0, fmt.Errorf("%w: completion head %d is %d entries behind tail %d (ring holds %d)", ErrRingCorrupt, head, used, r.localCQ, r.layout.Entries)
+	}
+	return int(r.layout.Entries - used), nil
+}
+
+// DaemonPush publishes completions; the caller checked DaemonCQSpace. It
+// wakes the client if it sleeps.
+func (r *Ring) DaemonPush(cs []CQE) {
+	for i := range cs {
+		cs[i].Encode(r.cqe(r.localCQ + uint32(i)))
+	}
+	r.localCQ += uint32(len(cs))
+	r.cqTail.Store(r.localCQ)
+	if r.cqSleep.Load() != 0 {
+		r.cqSeq.Add(1)
+		futexWakeAll(r.cqSeq)
+	}
+}
+
+// DaemonPending reports whether the client published entries.
+func (r *Ring) DaemonPending() bool { return r.sqTail.Load() != r.localSQ }
+
+// DaemonWait blocks until submissions may be available or d passes.
+func (r *Ring) DaemonWait(spin, d time.Duration) {
+	waitOn(r.DaemonPending, r.sqSleep, r.sqSeq, spin, d)
+}
+
+// DaemonInterrupt wakes a DaemonWait (used to stop a session).
+func (r *Ring) DaemonInterrupt() {
+	r.sqSeq.Add(1)
+	futexWakeAll(r.sqSeq)
+}
+
+// waitOn is the doorbell protocol: spin, then announce sleep, re-check, and
+// sleep on the sequence word. The producer publishes its tail before it
+// reads the sleep flag; with sequentially consistent atomics on both sides a
+// wake-up cannot be lost. Sleeps are bounded by d because the peer is not
+// trusted to ring at all.
+func waitOn(ready func() bool, sleep, seq *atomic.Uint32, spin, d time.Duration) {
+	if ready() {
+		return
+	}
+	if spin > 0 {
+		deadline := time.Now().Add(spin)
+		for i := 0; ; i++ {
+			if ready() {
+				return
+			}
+			if i&63 == 63 {
+				if time.Now().After(deadline) {
+					break
+				}
+				// Two cores are shared by the daemon, the client and the
+				// caller waiting on us: give them the CPU while spinning.
+				runtime.Gosched()
+			}
+		}
+	}
+	sleep.Store(1)
+	s := seq.Load()
+	if !ready() {
+		futexWaitOn(seq, s, d)
+	}
+	sleep.Store(0)
+}
