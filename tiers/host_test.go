@@ -315,7 +315,7 @@ func TestDeleteLeased(t *testing.T) {
 }
 
 func TestDeleteNS(t *testing.T) {
-	h, arena := newHost(t, 16<<10, 4)
+	h, arena := newHost(t, 16<<10, 8)
 	for i := uint64(0); i < 5; i++ {
 		put(t, h, arena, key(1, i), 4096)
 		put(t, h, arena, key(2, i), 8192)

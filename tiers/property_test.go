@@ -96,12 +96,18 @@ func TestHostRandomized(t *testing.T) {
 		{"two-close", 32 << 10, 4096, 16, []int64{8192, 8193, 4000}, 200, 25000},
 	}
 	seeds := []uint64{1, 2, 3}
+	scale := 1
 	if testing.Short() {
 		seeds = seeds[:1]
+	}
+	if raceEnabled {
+		scale = 4
 	}
 	for _, pc := range cases {
 		for _, seed := range seeds {
 			t.Run(fmt.Sprintf("%s/seed%d", pc.name, seed), func(t *testing.T) {
+				pc := pc
+				pc.ops /= scale
 				runProp(t, pc, seed)
 			})
 		}
