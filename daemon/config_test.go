@@ -68,7 +68,7 @@ func TestConfigDefaults(t *testing.T) {
 				Log:     LogConfig{Level: "info", Format: "text"},
 				Auth:    AuthConfig{UIDs: tt.uids},
 				Host:    HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true},
-				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 50},
+				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
 			}
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got  %+v\nwant %+v", c, want)

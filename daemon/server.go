@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,14 +39,14 @@ type Daemon struct {
 	reg   *Registry
 	ln    *net.UnixListener
 
-	allowUID map[uint32]bool
-	allowGID map[uint32]bool
-
 	mu       sync.Mutex
 	sessions map[uint64]*session
 	nextID   uint64
 	wg       sync.WaitGroup
 	closing  atomic.Bool
+
+	spinners    atomic.Int32 // ring loops currently spinning
+	maxSpinners int32
 
 	sessionsTotal atomic.Uint64
 	sessionsBad   atomic.Uint64
@@ -59,13 +60,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		log = slog.Default()
 	}
 	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{},
-		allowUID: map[uint32]bool{}, allowGID: map[uint32]bool{}}
-	for _, u := range cfg.Auth.UIDs {
-		d.allowUID[u] = true
-	}
-	for _, g := range cfg.Auth.GIDs {
-		d.allowGID[g] = true
-	}
+		maxSpinners: int32(max(1, runtime.NumCPU()/2))}
 	ok := false
 	defer func() {
 		if !ok {
@@ -239,7 +234,7 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	log := d.log.With("pid", cred.Pid, "uid", cred.Uid)
-	if !d.allowUID[cred.Uid] && !d.allowGID[cred.Gid] {
+	if !d.cfg.Auth.Allowed(cred.Uid, cred.Gid) {
 		log.Warn("refusing unauthorized peer", "gid", cred.Gid)
 		d.refuse(c, shm.CodeUnauthorized, fmt.Sprintf("uid %d gid %d is not allowed to use kvtierd (see auth.uids/auth.gids)", cred.Uid, cred.Gid))
 		return

@@ -202,7 +202,14 @@ func (s *session) loop() error {
 			return err
 		}
 		if n == 0 {
-			s.ring.DaemonWait(s.spin, sleepBound)
+			// Spinning sessions are capped to half the CPUs so that many
+			// idle-but-recent sessions cannot starve the clients.
+			spin := time.Duration(0)
+			if s.d.spinners.Add(1) <= s.d.maxSpinners {
+				spin = s.spin
+			}
+			s.ring.DaemonWait(spin, sleepBound)
+			s.d.spinners.Add(-1)
 			continue
 		}
 		for i := 0; i < n; i++ {

@@ -179,8 +179,10 @@ func (r *Ring) ClientPop(dst []CQE) int {
 	return n
 }
 
-// ClientPending reports whether completions are waiting.
-func (r *Ring) ClientPending() bool { return r.cqTail.Load() != r.localCQ }
+// ClientPending reports whether completions are waiting. It reads the
+// published head rather than the private copy so that it may be called
+// while another goroutine pops.
+func (r *Ring) ClientPending() bool { return r.cqTail.Load() != r.cqHead.Load() }
 
 // ClientWait blocks until a completion may be available or d passes. It
 // spins for spin first, then sleeps on the completion futex.
