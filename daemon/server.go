@@ -85,17 +85,12 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if cfg.Host.HugePages && !d.arena.Huge {
 		log.Warn("hugepages requested but unavailable; host arena uses normal pages")
 	}
-	if cfg.Host.Prefault {
-		if err := d.arena.Populate(); err != nil {
-			return nil, fmt.Errorf("prefault host arena: %w", err)
-		}
-	}
 	d.host, err = tiers.NewHost(d.arena.Bytes(), tiers.HostConfig{SlabBytes: int64(cfg.Host.SlabBytes), Align: 4096})
 	if err != nil {
 		return nil, fmt.Errorf("host tier: %w", err)
 	}
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
-		"hugepages", d.arena.Huge, "prefault", cfg.Host.Prefault, "took", time.Since(t0).Round(time.Millisecond))
+		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
 	if d.ln, err = listen(cfg.RuntimeDir, cfg.Socket); err != nil {
 		return nil, err
 	}
@@ -163,6 +158,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.ln.Close()
 	})
 	defer stop()
+	if d.cfg.Host.Prefault && !d.arena.Huge {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.prefault(ctx)
+		}()
+	}
 	var err error
 	for {
 		c, aerr := d.ln.AcceptUnix()
@@ -188,6 +190,24 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.wg.Wait()
 	d.log.Info("kvtierd stopped")
 	return err
+}
+
+// prefault populates the host arena slab by slab in the background, so the
+// daemon serves at once while the first copies into each slot stop paying
+// for page allocation (which costs more than the copy itself).
+func (d *Daemon) prefault(ctx context.Context) {
+	t0 := time.Now()
+	size, step := d.arena.Size(), int64(d.cfg.Host.SlabBytes)
+	for off := int64(0); off < size; off += step {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := d.arena.PopulateRange(off, min(step, size-off)); err != nil {
+			d.log.Warn("prefault of host arena stopped", "err", err)
+			return
+		}
+	}
+	d.log.Info("host arena prefaulted", "bytes", size, "took", time.Since(t0).Round(time.Millisecond))
 }
 
 func (d *Daemon) closeResources() {
