@@ -271,18 +271,17 @@ type ErrorMsg struct {
 func (e *ErrorMsg) Encode() []byte {
 	var w writer
 	w.u32(uint32(e.Code))
-	msg := e.Message
-	if len(msg) > 4000 {
-		msg = msg[:4000]
-	}
-	w.str16(msg)
+	w.str16(cut(e.Message, 4000))
 	return w.b
 }
 
 func DecodeError(p []byte) (ErrorMsg, error) {
 	r := reader{b: p}
 	e := ErrorMsg{Code: ErrCode(r.u32()), Message: r.str16()}
-	return e, r.done("error")
+	if err := r.done("error"); err != nil {
+		return ErrorMsg{}, err
+	}
+	return e, nil
 }
 
 // EvictReq asks the daemon to drop blocks: of one namespace, or all when
@@ -321,16 +320,25 @@ func DecodeEvictReq(p []byte) (EvictReq, error) {
 // format. reader keeps a sticky error so decoders stay linear.
 type writer struct{ b []byte }
 
-func (w *writer) u32(v uint32) { w.b = binary.LittleEndian.AppendUint32(w.b, v) }
-func (w *writer) u64(v uint64) { w.b = binary.LittleEndian.AppendUint64(w.b, v) }
-func (w *writer) raw(p []byte) { w.b = append(w.b, p...) }
-func (w *writer) str8(s string) {
-	s = s[:min(len(s), 255)]
-	w.b = append(append(w.b, byte(len(s))), s...)
-}
+func (w *writer) u32(v uint32)  { w.b = binary.LittleEndian.AppendUint32(w.b, v) }
+func (w *writer) u64(v uint64)  { w.b = binary.LittleEndian.AppendUint64(w.b, v) }
+func (w *writer) raw(p []byte)  { w.b = append(w.b, p...) }
+func (w *writer) str8(s string) { s = cut(s, 255); w.b = append(append(w.b, byte(len(s))), s...) }
 func (w *writer) str16(s string) {
-	s = s[:min(len(s), 65535)]
+	s = cut(s, 65535)
 	w.b = append(binary.LittleEndian.AppendUint16(w.b, uint16(len(s))), s...)
+}
+
+// cut shortens s to at most n bytes without splitting a UTF-8 sequence, so
+// a shortened name still passes the peer's printable check.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 type reader struct {

@@ -117,7 +117,7 @@ func (e *SQE) LookupSpan(dataLen int) (keys, results [2]int, err error) {
 	}
 	need := uint64(e.Count) * (LookupKeySize + 1)
 	end := uint64(e.Buf) + uint64(e.BufLen)
-	if need > uint64(e.BufLen) || end > uint64(dataLen) {
+	if dataLen < 0 || need > uint64(e.BufLen) || end > uint64(dataLen) {
 		return keys, results, fmt.Errorf("lookup buffer [%d,+%d) for %d keys outside data area of %d bytes", e.Buf, e.BufLen, e.Count, dataLen)
 	}
 	k0 := int(e.Buf)

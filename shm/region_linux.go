@@ -110,17 +110,7 @@ func (r *Region) Size() int64 { return int64(len(r.mem)) }
 // Populate faults every page in now (MADV_POPULATE_WRITE), so that the first
 // copies into the region do not pay for page allocation.
 func (r *Region) Populate() error {
-	if err := unix.Madvise(r.mem, unix.MADV_POPULATE_WRITE); err != nil {
-		if errors.Is(err, unix.EINVAL) {
-			// Kernels before 5.14: touch one byte per page instead.
-			for i := 0; i < len(r.mem); i += unix.Getpagesize() {
-				r.mem[i] = 0
-			}
-			return nil
-		}
-		return fmt.Errorf("populate region: %w", err)
-	}
-	return nil
+	return r.PopulateRange(0, int64(len(r.mem)))
 }
 
 // Close unmaps the region and closes the fd. The memory lives on while a
