@@ -24,14 +24,15 @@ type call struct {
 	cqe       shm.CQE
 	err       error // set when the connection died before completion
 	done      chan struct{}
-	abandoned bool // caller gave up (context); guarded by conn.pmu
+	abandoned bool   // caller gave up (context); guarded by conn.pmu
+	late      func() // with abandoned: runs once the completion arrived
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 func getCall(op shm.Op) *call {
 	c := callPool.Get().(*call)
-	c.op, c.cqe, c.err, c.abandoned = op, shm.CQE{}, nil, false
+	c.op, c.cqe, c.err, c.abandoned, c.late = op, shm.CQE{}, nil, false, nil
 	return c
 }
 
@@ -62,6 +63,12 @@ type conn struct {
 	// doorbell), so the fast path needs no thread hand-off.
 	sleepers atomic.Int32
 	kick     chan struct{}
+	// orphans counts entries in flight whose completion no caller waits
+	// for (releases, undo entries, abandoned calls). The reaper drains the
+	// completion ring for them too: left there, they would fill it, and the
+	// daemon stops taking submissions (those releases and undos included)
+	// while the completion ring is full.
+	orphans atomic.Int64
 
 	pmu     sync.Mutex
 	pending map[uint64]*call
@@ -139,14 +146,33 @@ func (cn *conn) kill(err error) {
 	pend := cn.pending
 	cn.pending = map[uint64]*call{}
 	cn.pmu.Unlock()
+	// The reaper drops the connection's own reference (and may unmap the
+	// ring) as soon as deadCh is closed and the reader is gone: keep the
+	// mappings alive until ClientInterrupt is done. The connection's own
+	// reference is still held here, so refs > 0.
+	cn.ref()
+	defer cn.unref()
 	close(cn.deadCh)
 	for _, c := range pend {
+		if c.abandoned {
+			if c.late != nil {
+				c.late()
+			}
+			continue
+		}
 		c.err = err
 		c.done <- struct{}{}
 	}
 	cn.sock.Close()
 	cn.ring.ClientInterrupt()
 	cn.data.wake()
+}
+
+// errDead is the error that killed the connection.
+func (cn *conn) errDead() error {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	return cn.deadErr
 }
 
 func (cn *conn) isDead() bool {
@@ -165,6 +191,21 @@ func (cn *conn) wait() {
 }
 
 func (cn *conn) ref() { cn.refs.Add(1) }
+
+// tryRef takes a reference on the mappings unless they are already unmapped
+// (the connection died and every user let go). Whoever touches the ring or
+// the arena without holding a reservation or lease must hold one.
+func (cn *conn) tryRef() bool {
+	for {
+		n := cn.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if cn.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
 
 // unref drops a mapping user; the last one unmaps.
 func (cn *conn) unref() {
@@ -199,7 +240,7 @@ func (cn *conn) reaper() {
 		cn.unref()
 	}()
 	for {
-		if cn.sleepers.Load() == 0 {
+		if cn.sleepers.Load() == 0 && cn.orphans.Load() <= 0 {
 			select {
 			case <-cn.kick:
 			case <-cn.deadCh:
@@ -275,7 +316,8 @@ func (cn *conn) complete(cqes []shm.CQE) {
 	for i := range cqes {
 		ud := cqes[i].UserData
 		if ud == 0 {
-			continue // fire-and-forget (release)
+			cn.orphans.Add(-1) // fire-and-forget (release, undo)
+			continue
 		}
 		c, ok := cn.pending[ud]
 		if !ok {
@@ -283,15 +325,14 @@ func (cn *conn) complete(cqes []shm.CQE) {
 		}
 		delete(cn.pending, ud)
 		if c.abandoned {
+			cn.orphans.Add(-1)
 			// The caller left (context); undo what the daemon granted so
 			// nothing stays pinned until the session ends.
-			if cqes[i].Status == shm.StatusOK {
-				switch c.op {
-				case shm.OpReserve:
-					undo = append(undo, shm.SQE{Op: shm.OpAbort, Token: cqes[i].Value})
-				case shm.OpAcquire:
-					undo = append(undo, shm.SQE{Op: shm.OpRelease, Token: cqes[i].Value})
-				}
+			if u, ok := undoOf(c.op, &cqes[i]); ok {
+				undo = append(undo, u)
+			}
+			if c.late != nil {
+				c.late()
 			}
 			putCall(c)
 			continue
@@ -300,8 +341,46 @@ func (cn *conn) complete(cqes []shm.CQE) {
 		c.done <- struct{}{}
 	}
 	cn.pmu.Unlock()
-	if len(undo) > 0 {
-		cn.push(undo)
+	// Not inline: the caller holds pollMu, and a push that finds the
+	// submission ring full needs the completion ring drained.
+	cn.pushAsync(undo)
+}
+
+// undoOf returns the entry that gives back what a completed entry granted
+// (a reservation or a lease), if anything.
+func undoOf(op shm.Op, c *shm.CQE) (shm.SQE, bool) {
+	if c.Status != shm.StatusOK {
+		return shm.SQE{}, false
+	}
+	switch op {
+	case shm.OpReserve:
+		return shm.SQE{Op: shm.OpAbort, Token: c.Value}, true
+	case shm.OpAcquire:
+		return shm.SQE{Op: shm.OpRelease, Token: c.Value}, true
+	}
+	return shm.SQE{}, false
+}
+
+// pushAsync submits undo entries from a goroutine of its own, holding the
+// mappings. A dead connection needs no undo: the daemon freed everything.
+func (cn *conn) pushAsync(es []shm.SQE) {
+	if len(es) == 0 || !cn.tryRef() {
+		return
+	}
+	cn.addOrphans(len(es))
+	go func() {
+		defer cn.unref()
+		cn.push(es)
+	}()
+}
+
+// addOrphans accounts for n entries nobody will wait for and makes sure
+// the reaper drains their completions.
+func (cn *conn) addOrphans(n int) {
+	cn.orphans.Add(int64(n))
+	select {
+	case cn.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -329,14 +408,30 @@ func (cn *conn) push(es []shm.SQE) error {
 }
 
 // submit sends entries and waits for all their completions. On ctx
-// cancellation the remaining calls are abandoned (and undone on arrival).
+// cancellation it returns ctx.Err() and everything the entries were granted
+// is given back: at once for completions already in, on arrival for the rest.
 func (cn *conn) submit(ctx context.Context, es []shm.SQE, out []shm.CQE) error {
+	_, err := cn.submitLate(ctx, es, out, nil)
+	return err
+}
+
+// submitLate is submit for entries that refer to the data area. When the
+// caller abandons them (ctx), the daemon may still read and write that area:
+// late, which frees it, then runs once the daemon answered every abandoned
+// entry (or the connection died), and handedOff is true. Otherwise late never
+// runs and the caller frees.
+func (cn *conn) submitLate(ctx context.Context, es []shm.SQE, out []shm.CQE, late func()) (handedOff bool, err error) {
+	// Callers poll and push on the shared ring: keep it mapped meanwhile.
+	if !cn.tryRef() {
+		return false, cn.errDead()
+	}
+	defer cn.unref()
 	calls := make([]*call, len(es))
 	cn.pmu.Lock()
 	if cn.dead {
 		err := cn.deadErr
 		cn.pmu.Unlock()
-		return err
+		return false, err
 	}
 	for i := range es {
 		c := getCall(es[i].Op)
@@ -347,43 +442,70 @@ func (cn *conn) submit(ctx context.Context, es []shm.SQE, out []shm.CQE) error {
 	}
 	cn.pmu.Unlock()
 	if err := cn.push(es); err != nil {
-		return err
+		return false, err
 	}
 	var firstErr error
 	for i, c := range calls {
 		if err := cn.await(ctx, c); err != nil {
-			cn.abandon(es[i:], calls[i:])
-			return err
+			// Completions consumed so far are discarded with the call:
+			// give back what they granted too.
+			var undo []shm.SQE
+			for j := 0; j < i; j++ {
+				if u, ok := undoOf(es[j].Op, &out[j]); ok && calls[j] == nil {
+					undo = append(undo, u)
+				}
+			}
+			cn.pushAsync(undo)
+			return cn.abandon(es[i:], calls[i:], late), err
 		}
 		if c.err != nil && firstErr == nil {
 			firstErr = c.err
 		}
 		out[i] = c.cqe
+		if c.err == nil {
+			calls[i] = nil // consumed and OK: see the undo above
+		}
 		putCall(c)
 	}
-	return firstErr
+	return false, firstErr
 }
 
-// abandon marks calls whose completions the caller will not wait for.
-func (cn *conn) abandon(es []shm.SQE, calls []*call) {
+// abandon marks calls whose completions the caller will not wait for. It
+// reports whether late was handed to pending calls (it runs after the last
+// of them completes); otherwise late is not run.
+func (cn *conn) abandon(es []shm.SQE, calls []*call, late func()) bool {
 	cn.pmu.Lock()
 	defer cn.pmu.Unlock()
+	var undo []shm.SQE
+	var waiting []*call
 	for i, c := range calls {
 		if _, ok := cn.pending[es[i].UserData]; ok {
 			c.abandoned = true
+			waiting = append(waiting, c)
 			continue
 		}
 		// Already completed (or failed) but not consumed: undo now.
 		<-c.done
-		if c.err == nil && c.cqe.Status == shm.StatusOK {
-			switch c.op {
-			case shm.OpReserve:
-				go cn.push([]shm.SQE{{Op: shm.OpAbort, Token: c.cqe.Value}})
-			case shm.OpAcquire:
-				go cn.push([]shm.SQE{{Op: shm.OpRelease, Token: c.cqe.Value}})
+		if c.err == nil {
+			if u, ok := undoOf(c.op, &c.cqe); ok {
+				undo = append(undo, u)
 			}
 		}
 	}
+	cn.pushAsync(undo)
+	cn.addOrphans(len(waiting))
+	if late == nil || len(waiting) == 0 {
+		return false
+	}
+	left := int32(len(waiting))
+	for _, c := range waiting {
+		c.late = func() { // serialized by pmu (complete; kill after removing them)
+			if left--; left == 0 {
+				late()
+			}
+		}
+	}
+	return true
 }
 
 // slot returns the arena bytes of a completion's slot after checking that

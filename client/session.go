@@ -145,6 +145,7 @@ func (l *Lease) Release() error {
 		return ErrDone
 	}
 	defer l.cn.unref()
+	l.cn.addOrphans(1)
 	if err := l.cn.push([]shm.SQE{{Op: shm.OpRelease, Token: l.token}}); err != nil {
 		return fmt.Errorf("release %s: %w", l.Hash, err)
 	}
@@ -461,21 +462,32 @@ func (s *Session) Lookup(ctx context.Context, chain []Hash) (LookupResult, error
 }
 
 func (cn *conn) lookup(ctx context.Context, part []Hash, tiers *[]Tier) (int, error) {
+	// The data area lies in the ring mapping: hold it.
+	if !cn.tryRef() {
+		return 0, cn.errDead()
+	}
+	defer cn.unref()
 	n := len(part) * (shm.LookupKeySize + 1)
 	off, ok := cn.data.alloc(n)
 	if !ok {
-		return 0, cn.deadErr
+		return 0, cn.errDead()
 	}
-	defer cn.data.free(off, n)
+	free := func() { cn.data.free(off, n) }
 	buf := cn.ring.Data()[off : off+n]
 	for i, h := range part {
 		shm.EncodeHash(buf[i*shm.LookupKeySize:], h)
 	}
 	var out [1]shm.CQE
 	e := []shm.SQE{{Op: shm.OpLookup, Count: uint32(len(part)), Buf: uint32(off), BufLen: uint32(n)}}
-	if err := cn.submit(ctx, e, out[:]); err != nil {
+	// If ctx abandons the lookup, the daemon may still read the keys and
+	// write the results: the pages are freed only once it has answered.
+	if handedOff, err := cn.submitLate(ctx, e, out[:], free); err != nil {
+		if !handedOff {
+			free()
+		}
 		return 0, err
 	}
+	defer free()
 	if err := statusErr(out[0].Status); err != nil {
 		return 0, err
 	}

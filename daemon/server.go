@@ -27,6 +27,10 @@ var Version = "0.1.0-dev"
 // connection before sending its Hello.
 const handshakeTimeout = 2 * time.Second
 
+// refuseLinger bounds how long a refused peer has to read the refusal and
+// hang up before the daemon closes the connection anyway.
+const refuseLinger = 500 * time.Millisecond
+
 // Daemon is a running kvtierd instance.
 type Daemon struct {
 	cfg   Config
@@ -41,6 +45,7 @@ type Daemon struct {
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
+	opening  int // sessions past the limit check, not yet in sessions
 	nextID   uint64
 	wg       sync.WaitGroup
 	closing  atomic.Bool
@@ -241,7 +246,21 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 
 func (d *Daemon) refuse(c *net.UnixConn, code shm.ErrCode, msg string) {
 	e := shm.ErrorMsg{Code: code, Message: msg}
-	_ = shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode()))
+	if shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode())) != nil {
+		return
+	}
+	// Closing a Unix socket with unread data (typically the Hello of a peer
+	// refused before it was read: unauthorized, shutting down) resets the
+	// connection, and the peer's next read returns ECONNRESET instead of
+	// the refusal queued for it. Drain until the peer hangs up, bounded.
+	c.SetReadDeadline(time.Now().Add(refuseLinger))
+	buf := make([]byte, 256)
+	for {
+		_, _, err := shm.RecvMsg(c, buf, 0) // a truncated or fd-carrying message is consumed too
+		if err != nil && !errors.Is(err, shm.ErrMalformed) && !errors.Is(err, shm.ErrTooManyFDs) {
+			return
+		}
+	}
 }
 
 // serveConn authenticates a connection, runs its handshake and then the
@@ -265,7 +284,11 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	}
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	buf := make([]byte, shm.MaxHelloSize)
+	// A shutdown ends a pending handshake now, not at its deadline: a peer
+	// that never speaks must not delay the stop.
+	endHS := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
 	raw, fds, err := shm.RecvMsg(c, buf, 0)
+	endHS()
 	if err != nil {
 		log.Warn("handshake failed", "err", err)
 		d.refuse(c, shm.CodeBadRequest, fmt.Sprintf("bad handshake: %v", err))

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -36,6 +37,9 @@ type session struct {
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
+	// badControl: readControl closed the session for a malformed control
+	// message (counted as hostile, like a ring protocol violation).
+	badControl atomic.Bool
 
 	// Owned by the ring loop goroutine alone.
 	nextToken uint64
@@ -62,15 +66,26 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 	}
 	layout := shm.RingLayout{Entries: uint32(d.cfg.Session.RingEntries), DataSize: uint32(d.cfg.Session.DataBytes)}
 	d.mu.Lock()
-	if len(d.sessions) >= d.cfg.Session.MaxSessions {
+	// Sessions being opened count against the limit too, or concurrent
+	// (or back-to-back) handshakes could all pass the check.
+	if len(d.sessions)+d.opening >= d.cfg.Session.MaxSessions {
 		d.mu.Unlock()
 		err := fmt.Errorf("session limit %d reached", d.cfg.Session.MaxSessions)
 		d.refuse(c, shm.CodeBusy, err.Error())
 		return nil, err
 	}
+	d.opening++
 	d.nextID++
 	id := d.nextID
 	d.mu.Unlock()
+	opened := false
+	defer func() {
+		if !opened {
+			d.mu.Lock()
+			d.opening--
+			d.mu.Unlock()
+		}
+	}()
 
 	region, err := shm.CreateRegion(fmt.Sprintf("kvtier-session-%d", id), layout.Size(), false)
 	if err != nil {
@@ -99,7 +114,15 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		return nil, fmt.Errorf("send welcome: %w", err)
 	}
 	d.mu.Lock()
+	d.opening--
+	opened = true
 	d.sessions[id] = s
+	// Run sets closing before it stops the sessions in the map (under
+	// d.mu): a session added after that must stop itself, or Run would
+	// wait for it forever.
+	if d.closing.Load() {
+		s.stop()
+	}
 	d.mu.Unlock()
 	d.sessionsTotal.Add(1)
 	s.log.Info("session opened", "model", h.Namespace.ModelID, "block_bytes", h.Namespace.BlockBytes)
@@ -132,6 +155,9 @@ func (s *session) run() {
 	err := s.loop()
 	t0 := time.Now()
 	s.teardown()
+	if errors.Is(err, errStopped) && s.badControl.Load() {
+		err = errors.New("malformed control message on the session socket")
+	}
 	switch {
 	case errors.Is(err, errStopped):
 		s.log.Info("session closed", "freed_in", time.Since(t0))
@@ -141,10 +167,12 @@ func (s *session) run() {
 	}
 	s.conn.Close() // ends readControl; tells the client
 	wg.Wait()
-	s.region.Close()
+	// Leave the map before unmapping: Run's shutdown calls stop, which
+	// writes the ring's doorbell, on every session in the map.
 	s.d.mu.Lock()
 	delete(s.d.sessions, s.id)
 	s.d.mu.Unlock()
+	s.region.Close()
 }
 
 // readControl handles out-of-band requests and notices the peer's death: a
@@ -159,6 +187,7 @@ func (s *session) readControl() {
 		}
 		if err := s.d.control(s.conn, raw); err != nil {
 			s.log.Warn("bad control message; closing session", "reason", err)
+			s.badControl.Store(true) // before stop: run reads it after the loop ends
 			return
 		}
 	}
