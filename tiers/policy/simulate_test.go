@@ -1,0 +1,183 @@
+package policy
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kvtier/kvtier/tiers/trace"
+)
+
+var (
+	sweep     = flag.Bool("sweep", false, "print the policy comparison tables (docs/policy.md)")
+	tracePath = flag.String("trace", "../../../shared/workloads/mooncake_synthetic_trace.jsonl", "development trace for the reference and sweep tests")
+)
+
+func devTrace(t testing.TB) []trace.Request {
+	t.Helper()
+	reqs, err := trace.ReadFile(*tracePath)
+	if os.IsNotExist(err) || (err != nil && strings.Contains(err.Error(), "no such file")) {
+		t.Skipf("development trace not present: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+// TestReferenceFigures reproduces shared/workloads/README.md.
+func TestReferenceFigures(t *testing.T) {
+	w := Compile(devTrace(t))
+	if w.Refs() != 121877 || w.Blocks() != 43924 {
+		t.Fatalf("trace has %d refs, %d blocks; want 121877, 43924", w.Refs(), w.Blocks())
+	}
+	for _, c := range []struct {
+		n           int
+		lru, belady float64
+	}{{2000, 0.144, 0.379}, {10000, 0.424, 0.618}, {20000, 0.572, 0.640}, {0, 0.640, 0.640}} {
+		lru := w.Simulate(c.n, NewLRU()).HitRatio()
+		bel := w.Simulate(c.n, NewBelady(w, c.n)).HitRatio()
+		if math.Abs(lru-c.lru) > 0.002 || math.Abs(bel-c.belady) > 0.002 {
+			t.Errorf("N=%d: LRU %.4f (want %.3f), Belady %.4f (want %.3f)", c.n, lru, c.lru, bel, c.belady)
+		}
+	}
+}
+
+func TestSimulateSmall(t *testing.T) {
+	reqs := []trace.Request{
+		{HashIDs: []int64{1, 2, 3}},
+		{HashIDs: []int64{1, 2, 4}}, // 2 leading hits
+		{HashIDs: []int64{5, 2, 3}}, // miss at head: 2 and 3 resident but not hits
+		{HashIDs: []int64{1, 2, 3}}, // 3 hits
+	}
+	r := Simulate(reqs, 0, NewLRU())
+	if r.Hits != 5 || r.Refs != 12 || r.LateBlocks != 2 || r.Inserts != 5 {
+		t.Fatalf("unlimited: %+v", r)
+	}
+	// Capacity 3, LRU: request 2 evicts 3 for 4, request 3 evicts 1 and 4,
+	// so request 4 misses at its head: 2 hits in all.
+	r = Simulate(reqs, 3, NewLRU())
+	if r.Hits != 2+0+0 || r.MaxBlocks != 3 {
+		t.Fatalf("cap 3: %+v", r)
+	}
+	for _, n := range Names() {
+		p, _ := New(n, 3)
+		r := Simulate(reqs, 3, p)
+		if r.MaxBlocks > 3 || r.Hits > 5 {
+			t.Fatalf("%s: %+v", n, r)
+		}
+	}
+}
+
+func gapFrac(p, lru, bel float64) float64 {
+	if bel-lru < 1e-9 {
+		return math.NaN()
+	}
+	return (p - lru) / (bel - lru)
+}
+
+type workloadCase struct {
+	name  string
+	w     *Workload
+	sizes []int
+}
+
+// synthetic returns the generator workloads with sizes at 2.5%, 5%, 10%,
+// 20% and 40% of each trace's distinct blocks, so that every trace is
+// measured from a tight to a roomy cache.
+func synthetic() []workloadCase {
+	var out []workloadCase
+	for _, g := range []struct {
+		name string
+		gen  func(uint64, int) []trace.Request
+	}{{"chat", trace.Chat}, {"docs", trace.Docs}, {"mixed", trace.Mixed}} {
+		for _, seed := range []uint64{1, 2} {
+			w := Compile(g.gen(seed, 4000))
+			var sizes []int
+			for _, f := range []float64{0.025, 0.05, 0.1, 0.2, 0.4} {
+				sizes = append(sizes, max(1, int(f*float64(w.Blocks()))))
+			}
+			out = append(out, workloadCase{fmt.Sprintf("%s/seed%d", g.name, seed), w, sizes})
+		}
+	}
+	return out
+}
+
+// TestDefaultBeatsLRU checks the default never loses to LRU on the
+// development trace, its halves, and the synthetic generators.
+func TestDefaultBeatsLRU(t *testing.T) {
+	cases := synthetic()
+	if reqs, err := trace.ReadFile(*tracePath); err == nil {
+		a, b := trace.Split(reqs)
+		dev := []int{1000, 2000, 5000, 10000, 20000}
+		cases = append(cases, workloadCase{"dev", Compile(reqs), dev},
+			workloadCase{"dev/first-half", Compile(a), dev}, workloadCase{"dev/second-half", Compile(b), dev})
+	}
+	if testing.Short() {
+		cases = cases[len(cases)-1:]
+	}
+	for _, c := range cases {
+		for _, n := range c.sizes {
+			lru := c.w.Simulate(n, NewLRU()).HitRatio()
+			def, _ := New(Default, n)
+			got := c.w.Simulate(n, def).HitRatio()
+			if got < lru-1e-9 {
+				t.Errorf("%s N=%d: %s %.4f < LRU %.4f", c.name, n, Default, got, lru)
+			}
+		}
+	}
+}
+
+// TestSweep prints the comparison tables of docs/policy.md:
+//
+//	go test ./tiers/policy -run TestSweep -sweep -v
+func TestSweep(t *testing.T) {
+	if !*sweep {
+		t.Skip("pass -sweep to print the comparison tables")
+	}
+	reqs := devTrace(t)
+	a, b := trace.Split(reqs)
+	dev := []int{1000, 2000, 5000, 10000, 20000}
+	cases := append([]workloadCase{{"dev (mooncake_synthetic_trace)", Compile(reqs), dev},
+		{"dev, first half", Compile(a), dev}, {"dev, second half", Compile(b), dev}}, synthetic()...)
+	order := []string{"lru", "lru2", "arc", "s3fifo", "hyper", "chain"}
+	for _, c := range cases {
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "\n%s: %d requests, %d block refs, %d distinct blocks\n\n", c.name, len(c.w.Reqs), c.w.Refs(), c.w.Blocks())
+		sb.WriteString("| policy |")
+		for _, n := range c.sizes {
+			fmt.Fprintf(&sb, " N=%d |", n)
+		}
+		sb.WriteString("\n| --- |" + strings.Repeat(" --- |", len(c.sizes)) + "\n")
+		lru := make([]float64, len(c.sizes))
+		bel := make([]float64, len(c.sizes))
+		for i, n := range c.sizes {
+			lru[i] = c.w.Simulate(n, NewLRU()).HitRatio()
+			bel[i] = c.w.Simulate(n, NewBelady(c.w, n)).HitRatio()
+		}
+		for _, name := range order {
+			fmt.Fprintf(&sb, "| %s |", name)
+			for i, n := range c.sizes {
+				p, _ := New(name, n)
+				h := c.w.Simulate(n, p).HitRatio()
+				if name == "lru" {
+					fmt.Fprintf(&sb, " %.3f |", h)
+				} else if g := gapFrac(h, lru[i], bel[i]); math.IsNaN(g) {
+					fmt.Fprintf(&sb, " %.3f (—) |", h)
+				} else {
+					fmt.Fprintf(&sb, " %.3f (%+.0f%%) |", h, 100*g)
+				}
+			}
+			sb.WriteString("\n")
+		}
+		sb.WriteString("| belady |")
+		for i := range c.sizes {
+			fmt.Fprintf(&sb, " %.3f |", bel[i])
+		}
+		sb.WriteString("\n")
+		fmt.Print(sb.String())
+	}
+}
