@@ -32,6 +32,20 @@ type Config struct {
 	Auth       AuthConfig    `toml:"auth"`
 	Host       HostConfig    `toml:"host"`
 	Session    SessionConfig `toml:"session"`
+	NVMe       NVMeConfig    `toml:"nvme"`
+}
+
+// NVMeConfig sizes the NVMe tier (Badger, in <state_dir>/nvme).
+type NVMeConfig struct {
+	// Enabled turns the tier on; without it the host tier drops what it
+	// evicts.
+	Enabled bool `toml:"enabled"`
+	// Capacity is the on-disk budget; 0 means "size from the disk": half of
+	// the free space of the state dir's filesystem, at most 1 TiB.
+	Capacity ByteSize `toml:"capacity"`
+	// FlushOnStop writes the host tier down to NVMe on SIGTERM so a restart
+	// or an upgrade keeps the cache warm.
+	FlushOnStop bool `toml:"flush_on_stop"`
 }
 
 // LogConfig selects the slog handler.
@@ -60,6 +74,10 @@ type HostConfig struct {
 	SlabBytes ByteSize `toml:"slab_bytes"`
 	HugePages bool     `toml:"hugepages"`
 	Prefault  bool     `toml:"prefault"`
+	// Above HighWatermark (a fraction of capacity) the mover demotes the
+	// coldest blocks to NVMe until the tier is at LowWatermark.
+	HighWatermark float64 `toml:"high_watermark"`
+	LowWatermark  float64 `toml:"low_watermark"`
 }
 
 // SessionConfig sizes per-session shared memory and the ring loop.
@@ -168,7 +186,8 @@ func (e env) base() Config {
 	c := Config{
 		Log:  LogConfig{Level: "info", Format: "text"},
 		Auth: AuthConfig{UIDs: []uint32{uint32(euid)}},
-		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true},
+		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true, HighWatermark: 0.95, LowWatermark: 0.85},
+		NVMe: NVMeConfig{Enabled: true, FlushOnStop: true},
 		Session: SessionConfig{
 			RingEntries: 1024,
 			DataBytes:   1 * MiB,
@@ -330,6 +349,16 @@ func (c *Config) Validate() error {
 		bad("host.capacity", "must be a multiple of host.slab_bytes (%v) and at least two slabs, got %v", c.Host.SlabBytes, c.Host.Capacity)
 	}
 
+	if w := c.Host.HighWatermark; !(w > 0 && w <= 1) {
+		bad("host.high_watermark", "must be in (0, 1], got %v", w)
+	}
+	if w := c.Host.LowWatermark; !(w > 0 && w < c.Host.HighWatermark) {
+		bad("host.low_watermark", "must be in (0, host.high_watermark), got %v", w)
+	}
+	if capa := c.NVMe.Capacity; c.NVMe.Enabled && capa != 0 && capa < 64*MiB {
+		bad("nvme.capacity", "must be 0 (auto) or at least 64MiB, got %v", capa)
+	}
+
 	if r := c.Session.RingEntries; r < 64 || r > 65536 || r&(r-1) != 0 {
 		bad("session.ring_entries", "must be a power of two between 64 and 65536, got %d", r)
 	}
@@ -381,6 +410,8 @@ type Flags struct {
 	stateDir   string
 	socket     string
 	capacity   ByteSize
+	nvmeCap    ByteSize
+	noNVMe     bool
 	logLevel   string
 	logFormat  string
 }
@@ -392,6 +423,7 @@ var flagFields = map[string]string{
 	"state-dir":     "state_dir",
 	"socket":        "socket",
 	"host-capacity": "host.capacity",
+	"nvme-capacity": "nvme.capacity",
 	"log-level":     "log.level",
 	"log-format":    "log.format",
 }
@@ -405,6 +437,8 @@ func BindFlags(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.stateDir, "state-dir", "", "state `dir` (namespace registry, NVMe tier); default /var/lib/kvtier as root, else $XDG_STATE_HOME/kvtier")
 	fs.StringVar(&f.socket, "socket", "", "control socket `path`; default <runtime-dir>/"+socketName)
 	fs.Var(&f.capacity, "host-capacity", "host tier `size`, e.g. 16GiB; default from machine memory")
+	fs.Var(&f.nvmeCap, "nvme-capacity", "NVMe tier disk budget `size`, e.g. 200GiB; default half the free space of the state dir")
+	fs.BoolVar(&f.noNVMe, "no-nvme", false, "run without the NVMe tier")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn, error (default info)")
 	fs.StringVar(&f.logFormat, "log-format", "", "log `format`: text or json (default text)")
 	return f
@@ -431,6 +465,12 @@ func (f *Flags) load(e env) (Config, error) {
 		}
 		if set["host-capacity"] {
 			c.Host.Capacity = f.capacity
+		}
+		if set["nvme-capacity"] {
+			c.NVMe.Capacity = f.nvmeCap
+		}
+		if set["no-nvme"] {
+			c.NVMe.Enabled = !f.noNVMe
 		}
 		if set["log-level"] {
 			c.Log.Level = f.logLevel

@@ -65,10 +65,12 @@ func TestConfigDefaults(t *testing.T) {
 			}
 			want := Config{
 				RuntimeDir: tt.runtime, StateDir: tt.state, Socket: tt.socket,
-				Log:     LogConfig{Level: "info", Format: "text"},
-				Auth:    AuthConfig{UIDs: tt.uids},
-				Host:    HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true},
+				Log:  LogConfig{Level: "info", Format: "text"},
+				Auth: AuthConfig{UIDs: tt.uids},
+				Host: HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true,
+					HighWatermark: 0.95, LowWatermark: 0.85},
 				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
+				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true},
 			}
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got  %+v\nwant %+v", c, want)
@@ -122,6 +124,9 @@ ring_entries = 4096
 data_bytes = 65536
 max_sessions = 8
 spin_us = 0
+[nvme]
+enabled = false
+capacity = "1GiB"
 `)
 	c, err := fakeEnv(1000, nil, bigMem).load(p, nil)
 	if err != nil {
@@ -133,8 +138,10 @@ spin_us = 0
 		Log:    LogConfig{Level: "debug", Format: "json"},
 		Auth:   AuthConfig{UIDs: []uint32{42}, GIDs: []uint32{7, 8}},
 		// Capacity derived with the file's slab size: 64GiB is a multiple of 1GiB.
-		Host:    HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false},
+		Host: HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false,
+			HighWatermark: 0.95, LowWatermark: 0.85},
 		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
+		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // Version is the daemon's version string, reported in status.
@@ -40,6 +41,8 @@ type Daemon struct {
 	lock  *os.File
 	arena *shm.Region
 	host  *tiers.Host
+	nvme  *nvme.Store // nil when the NVMe tier is off
+	chain *tiers.Chain
 	reg   *Registry
 	ln    *net.UnixListener
 
@@ -94,6 +97,18 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host tier: %w", err)
 	}
+	if cfg.NVMe.Enabled {
+		if d.nvme, err = openNVMe(cfg, log); err != nil {
+			// The host tier works alone; say so loudly rather than refuse
+			// to serve.
+			log.Error("nvme tier unavailable; running with the host tier only", "err", err)
+		}
+	} else {
+		log.Info("nvme tier disabled by configuration")
+	}
+	d.chain = tiers.NewChain(d.host, d.nvme, tiers.ChainConfig{
+		HighWatermark: cfg.Host.HighWatermark, LowWatermark: cfg.Host.LowWatermark, Logger: log,
+	})
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
 	if d.ln, err = listen(cfg.RuntimeDir, cfg.Socket); err != nil {
@@ -103,6 +118,33 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		"allowed_uids", cfg.Auth.UIDs, "allowed_gids", cfg.Auth.GIDs, "pid", os.Getpid(), "version", Version)
 	ok = true
 	return d, nil
+}
+
+// openNVMe opens the NVMe tier in <state>/nvme, sized from the disk when
+// the configuration leaves it at 0.
+func openNVMe(cfg Config, log *slog.Logger) (*nvme.Store, error) {
+	dir := filepath.Join(cfg.StateDir, "nvme")
+	capacity := int64(cfg.NVMe.Capacity)
+	if capacity == 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(cfg.StateDir, &st); err != nil {
+			return nil, fmt.Errorf("size nvme tier: statfs %s: %w", cfg.StateDir, err)
+		}
+		free := int64(st.Bavail) * int64(st.Bsize)
+		capacity = min(free/2, 1<<40)
+		if capacity < nvme.MinCapacity {
+			return nil, fmt.Errorf("only %d bytes free under %s; set nvme.capacity or nvme.enabled=false", free, cfg.StateDir)
+		}
+	}
+	t0 := time.Now()
+	store, err := nvme.Open(context.Background(), nvme.Options{Dir: dir, CapacityBytes: capacity, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	st := store.Stats()
+	log.Info("nvme tier ready", "dir", dir, "capacity", ByteSize(capacity).String(), "blocks", st.Blocks,
+		"bytes", st.Bytes, "reindexed_in", time.Since(t0).Round(time.Millisecond))
+	return store, nil
 }
 
 // lockFile takes an exclusive lock so that two daemons never share a state
@@ -163,6 +205,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.ln.Close()
 	})
 	defer stop()
+	// The mover outlives the sessions: it runs until they are gone and the
+	// host tier has been written down.
+	chainCtx, stopChain := context.WithCancel(context.Background())
+	defer stopChain()
+	d.chain.Start(chainCtx)
 	if d.cfg.Host.Prefault && !d.arena.Huge {
 		d.wg.Add(1)
 		go func() {
@@ -193,9 +240,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
+	if d.cfg.NVMe.FlushOnStop && d.nvme != nil {
+		t0 := time.Now()
+		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		n, ferr := d.chain.Flush(fctx)
+		cancel()
+		d.log.Info("host tier written down to nvme", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
+	}
+	stopChain()
+	d.chain.Wait()
 	d.log.Info("kvtierd stopped")
 	return err
 }
+
+// flushTimeout bounds the write-down of the host tier at shutdown (systemd
+// kills a daemon that takes too long anyway).
+const flushTimeout = 60 * time.Second
 
 // prefault populates the host arena slab by slab in the background, so the
 // daemon serves at once while the first copies into each slot stop paying
@@ -218,6 +278,12 @@ func (d *Daemon) prefault(ctx context.Context) {
 func (d *Daemon) closeResources() {
 	if d.ln != nil {
 		d.ln.Close()
+	}
+	if d.nvme != nil {
+		if err := d.nvme.Close(); err != nil {
+			d.log.Warn("closing nvme tier", "err", err)
+		}
+		d.nvme = nil
 	}
 	if d.arena != nil {
 		d.arena.Close()
@@ -374,10 +440,10 @@ func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
 		var n int
 		if req.All {
 			for id := range d.reg.All() {
-				n += d.host.DeleteNS(id)
+				n += d.chain.DeleteNS(id)
 			}
 		} else {
-			n = d.host.DeleteNS(req.NamespaceID)
+			n = d.chain.DeleteNS(req.NamespaceID)
 		}
 		d.log.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
 		b, _ := json.Marshal(map[string]int{"evicted": n})
@@ -401,9 +467,27 @@ func (d *Daemon) Stats() shm.Stats {
 			Name: "host", CapacityBytes: hs.CapacityBytes, UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
 			Reserved: hs.Reserved, Leased: hs.Leased, Hits: hs.Hits, Misses: hs.Misses,
 			Evictions: hs.Evictions, HitRatio: ratio, HugePages: d.arena.Huge,
+			Compactions: hs.Compactions, CompactedBlocks: hs.CompactedBlocks,
 		}},
 		SessionsTotal: d.sessionsTotal.Load(), SessionsBad: d.sessionsBad.Load(),
 		Ops: map[string]uint64{},
+	}
+	cs := d.chain.Stats()
+	if d.nvme != nil {
+		ns := d.nvme.Stats()
+		nr := 0.0
+		if cs.NVMeHits+cs.NVMeMisses > 0 {
+			nr = float64(cs.NVMeHits) / float64(cs.NVMeHits+cs.NVMeMisses)
+		}
+		st.Tiers = append(st.Tiers, shm.TierStats{
+			Name: "nvme", CapacityBytes: ns.Capacity, UsedBytes: ns.Bytes, DiskBytes: ns.DiskBytes, Blocks: ns.Blocks,
+			Hits: cs.NVMeHits, Misses: cs.NVMeMisses, Evictions: ns.Evictions, HitRatio: nr,
+			ChecksumMisses: ns.ChecksumMisses,
+		})
+	}
+	st.Moves = []shm.MoveStats{
+		{From: "host", To: "nvme", Blocks: cs.Demoted, Bytes: cs.DemotedBytes, Errors: cs.DemoteErrors, Seconds: cs.SwapOut.Seconds()},
+		{From: "nvme", To: "host", Blocks: cs.Promoted, Bytes: cs.PromotedBytes, Errors: cs.PromoteErrors, Seconds: cs.SwapIn.Seconds()},
 	}
 	for op := shm.OpLookup; op.Valid(); op++ {
 		st.Ops[op.String()] = d.ops[op].Load()

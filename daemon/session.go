@@ -47,7 +47,24 @@ type session struct {
 	leases    map[uint64]*tiers.Handle
 	keys      []tiers.Key
 	tiersOut  []shm.Tier
+	// deferred carries completions of acquires that needed a promotion
+	// from NVMe; outstanding counts them (loop-owned). Its capacity is the
+	// ring size, and outstanding never exceeds the completion ring's free
+	// space, so a mover's send never blocks.
+	deferred    chan deferredCQE
+	outstanding int
 }
+
+// deferredCQE is a completion produced off the ring loop.
+type deferredCQE struct {
+	userData uint64
+	hd       *tiers.Handle
+	err      error
+}
+
+// deferredWait bounds how long a closing session waits for promotions it
+// started (disk reads) before giving up on their leases.
+const deferredWait = 10 * time.Second
 
 // newSession registers the namespace, creates the session's ring region and
 // sends the Welcome with the arena and ring fds. On failure it refuses the
@@ -104,6 +121,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		region: region, ring: ring, data: ring.Data(),
 		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
 		stopCh: make(chan struct{}), res: map[uint64]*tiers.Handle{}, leases: map[uint64]*tiers.Handle{},
+		deferred: make(chan deferredCQE, layout.Entries),
 	}
 	w := shm.Welcome{
 		SessionID: id, NamespaceID: nsID, BlockBytes: h.Namespace.BlockBytes,
@@ -196,6 +214,19 @@ func (s *session) readControl() {
 // teardown aborts open reservations and drops held leases, so a dead
 // client's slots return to the arena immediately.
 func (s *session) teardown() {
+	deadline := time.After(deferredWait)
+	for s.outstanding > 0 {
+		select {
+		case d := <-s.deferred:
+			s.outstanding--
+			if d.hd != nil {
+				s.d.host.Release(d.hd)
+			}
+		case <-deadline:
+			s.log.Error("promotions still pending at session close", "count", s.outstanding)
+			s.outstanding = 0
+		}
+	}
 	for t, h := range s.res {
 		s.d.host.Abort(h)
 		delete(s.res, t)
@@ -220,13 +251,20 @@ func (s *session) loop() error {
 		if err != nil {
 			return err
 		}
-		if space == 0 {
+		// Completions the movers finished go out first.
+		if n := s.drainDeferred(cqes[:min(space, batch)]); n > 0 {
+			s.ring.DaemonPush(cqes[:n])
+			continue
+		}
+		// Keep room for the completions the movers still owe.
+		free := space - s.outstanding
+		if free <= 0 {
 			// The client is not draining completions; back off without
 			// spinning on its behalf.
 			time.Sleep(50 * time.Microsecond)
 			continue
 		}
-		n, err := s.ring.DaemonPop(sqes[:min(space, batch)])
+		n, err := s.ring.DaemonPop(sqes[:min(free, batch)])
 		if err != nil {
 			return err
 		}
@@ -241,35 +279,68 @@ func (s *session) loop() error {
 			s.d.spinners.Add(-1)
 			continue
 		}
+		m := 0
 		for i := 0; i < n; i++ {
-			if err := s.dispatch(&sqes[i], &cqes[i]); err != nil {
+			later, err := s.dispatch(&sqes[i], &cqes[m])
+			if err != nil {
 				return fmt.Errorf("entry %d (%s, user_data %#x): %w", i, sqes[i].Op, sqes[i].UserData, err)
 			}
+			if later {
+				s.outstanding++
+				continue
+			}
+			m++
 		}
-		s.ring.DaemonPush(cqes[:n])
+		s.ring.DaemonPush(cqes[:m])
 	}
+}
+
+// drainDeferred turns promotions that finished into completions.
+func (s *session) drainDeferred(out []shm.CQE) int {
+	n := 0
+	for n < len(out) {
+		select {
+		case d := <-s.deferred:
+			s.outstanding--
+			c := &out[n]
+			*c = shm.CQE{UserData: d.userData}
+			if d.err != nil {
+				s.log.Warn("promotion failed; answering a miss", "err", d.err)
+				c.Status = shm.StatusNotFound
+			} else {
+				s.nextToken++
+				s.leases[s.nextToken] = d.hd
+				c.Value, c.Offset, c.Tier, c.Flags = s.nextToken, uint64(d.hd.Offset), shm.TierHost, shm.CQEFlagPromoted
+			}
+			n++
+		default:
+			return n
+		}
+	}
+	return n
 }
 
 // dispatch executes one validated entry. A returned error is a protocol
 // violation that closes the session; an operation that merely fails
-// completes with a status.
-func (s *session) dispatch(e *shm.SQE, c *shm.CQE) error {
+// completes with a status. later means the completion will come through
+// s.deferred (an acquire waiting for a promotion).
+func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 	*c = shm.CQE{UserData: e.UserData}
 	if !e.Op.Valid() {
-		return fmt.Errorf("unknown op %d", e.Op)
+		return false, fmt.Errorf("unknown op %d", e.Op)
 	}
 	if e.Flags != 0 {
-		return fmt.Errorf("unknown flags %#x", e.Flags)
+		return false, fmt.Errorf("unknown flags %#x", e.Flags)
 	}
 	s.d.ops[e.Op].Add(1)
-	host := s.d.host
+	host, chain := s.d.host, s.d.chain
 	key := tiers.Key{NS: s.nsID, Hash: e.Hash}
 	switch e.Op {
 	case shm.OpNop:
 	case shm.OpLookup:
-		return s.lookup(e, c)
+		return false, s.lookup(e, c)
 	case shm.OpReserve:
-		h, err := host.Reserve(key, s.block)
+		h, err := chain.Reserve(key, s.block)
 		switch {
 		case errors.Is(err, tiers.ErrExists):
 			c.Status = shm.StatusExists
@@ -287,12 +358,13 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) error {
 		h, ok := s.res[e.Token]
 		if !ok {
 			c.Status = shm.StatusNoToken
-			return nil
+			return false, nil
 		}
 		delete(s.res, e.Token)
 		var err error
 		if e.Op == shm.OpCommit {
 			err = host.Commit(h)
+			chain.Committed()
 		} else {
 			err = host.Abort(h)
 		}
@@ -301,19 +373,26 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) error {
 			c.Status = shm.StatusInternal
 		}
 	case shm.OpAcquire:
-		h, ok := host.Acquire(key)
-		if !ok {
+		ud := e.UserData
+		h, ok := chain.Acquire(key, s.block, func(hd *tiers.Handle, err error) {
+			s.deferred <- deferredCQE{userData: ud, hd: hd, err: err}
+			s.ring.DaemonInterrupt()
+		})
+		switch {
+		case !ok:
 			c.Status = shm.StatusNotFound
-			return nil
+		case h == nil:
+			return true, nil // promotion from NVMe under way
+		default:
+			s.nextToken++
+			s.leases[s.nextToken] = h
+			c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), shm.TierHost
 		}
-		s.nextToken++
-		s.leases[s.nextToken] = h
-		c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), shm.TierHost
 	case shm.OpRelease:
 		h, ok := s.leases[e.Token]
 		if !ok {
 			c.Status = shm.StatusNoToken
-			return nil
+			return false, nil
 		}
 		delete(s.leases, e.Token)
 		if err := host.Release(h); err != nil {
@@ -321,11 +400,11 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) error {
 			c.Status = shm.StatusInternal
 		}
 	case shm.OpDelete:
-		if !host.Delete(key) {
+		if !chain.Delete(key) {
 			c.Status = shm.StatusNotFound
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // lookup copies the chain out of the data area once, probes the index and
@@ -346,7 +425,7 @@ func (s *session) lookup(e *shm.SQE, c *shm.CQE) error {
 		keys[i] = tiers.Key{NS: s.nsID, Hash: shm.DecodeHash(src[i*shm.LookupKeySize:])}
 	}
 	clear(out)
-	hits := s.d.host.Lookup(keys, out)
+	hits := s.d.chain.Lookup(keys, out)
 	dst := s.data[rr[0]:rr[1]]
 	for i := range dst {
 		dst[i] = byte(out[i])

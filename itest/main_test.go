@@ -41,6 +41,7 @@ const (
 	envCapacity = "KVTIER_ITEST_CAPACITY" // host tier size, e.g. 64MiB
 	envSlab     = "KVTIER_ITEST_SLAB"     // slab size in bytes
 	envUIDs     = "KVTIER_ITEST_UIDS"     // comma-separated allowed uids (gids then empty)
+	envNVMe     = "KVTIER_ITEST_NVME"     // NVMe tier capacity, e.g. 256MiB; unset = host tier only
 
 	// client role
 	envSocket = "KVTIER_ITEST_SOCKET"
@@ -92,6 +93,15 @@ func daemonRole() int {
 	if s := os.Getenv(envSlab); s != "" {
 		v, _ := strconv.ParseUint(s, 10, 64)
 		cfg.Host.SlabBytes = daemon.ByteSize(v)
+	}
+	// Tests of the host tier alone keep the NVMe tier out of the way.
+	cfg.NVMe.Enabled = false
+	if v := os.Getenv(envNVMe); v != "" {
+		cfg.NVMe.Enabled = true
+		if err := cfg.NVMe.Capacity.Set(v); err != nil {
+			fmt.Fprintln(os.Stderr, "nvme capacity:", err)
+			return 2
+		}
 	}
 	if u := os.Getenv(envUIDs); u != "" {
 		cfg.Auth.UIDs, cfg.Auth.GIDs = nil, nil
@@ -430,6 +440,7 @@ func startInProc(t testing.TB, capacity string, slab daemon.ByteSize, adjust fun
 		t.Fatal(err)
 	}
 	cfg.Host.SlabBytes = slab
+	cfg.NVMe.Enabled = false // tests that want the NVMe tier turn it on in adjust
 	if adjust != nil {
 		adjust(&cfg)
 	}

@@ -125,6 +125,10 @@ func (e *SQE) LookupSpan(dataLen int) (keys, results [2]int, err error) {
 	return [2]int{k0, k1}, [2]int{k1, k1 + int(e.Count)}, nil
 }
 
+// CQEFlagPromoted marks an acquire that was served by promoting the block
+// from a slower tier (a swap-in).
+const CQEFlagPromoted = 1 << 0
+
 // CQE is a completion entry: daemon → client.
 //
 //	0 user_data u64 | 8 value u64 | 16 offset u64 | 24 status u32 | 28 tier u8 | 29 flags u8 | 30 reserved u16

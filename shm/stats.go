@@ -15,6 +15,7 @@ type Stats struct {
 	SessionsBad   uint64            `json:"sessions_closed_hostile"`
 	Namespaces    []NamespaceStats  `json:"namespaces"`
 	Ops           map[string]uint64 `json:"ops"`
+	Moves         []MoveStats       `json:"moves"`
 }
 
 // TierStats describes one tier.
@@ -30,6 +31,22 @@ type TierStats struct {
 	Evictions     uint64  `json:"evictions"`
 	HitRatio      float64 `json:"hit_ratio"`
 	HugePages     bool    `json:"hugepages"`
+	// Host tier: slabs freed by compaction and the blocks it moved.
+	Compactions     uint64 `json:"compactions,omitempty"`
+	CompactedBlocks uint64 `json:"compacted_blocks,omitempty"`
+	// NVMe tier: bytes on disk and reads that failed verification.
+	DiskBytes      int64  `json:"disk_bytes,omitempty"`
+	ChecksumMisses uint64 `json:"checksum_misses,omitempty"`
+}
+
+// MoveStats counts blocks moved between two tiers.
+type MoveStats struct {
+	From    string  `json:"from"`
+	To      string  `json:"to"`
+	Blocks  uint64  `json:"blocks"`
+	Bytes   uint64  `json:"bytes"`
+	Errors  uint64  `json:"errors"`
+	Seconds float64 `json:"seconds"` // time spent copying
 }
 
 // NamespaceStats describes one registered namespace.

@@ -1,0 +1,412 @@
+package tiers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers/nvme"
+)
+
+// ChainConfig tunes movement between the host tier and the NVMe tier.
+type ChainConfig struct {
+	// HighWatermark and LowWatermark are fractions of the host tier's
+	// capacity: above high the mover demotes least-recently-used blocks to
+	// NVMe until the tier is at low. Sync eviction inside Reserve remains
+	// the backstop when the mover falls behind.
+	HighWatermark, LowWatermark float64
+	// PromoteWorkers copy blocks NVMe → host; PromoteQueue bounds the
+	// prefetches waiting for them (demand promotions are never dropped).
+	PromoteWorkers int
+	PromoteQueue   int
+	Logger         *slog.Logger
+}
+
+// Chain is the tier chain host → nvme: one index view over both tiers and
+// the mover that demotes and promotes between them. A block's authoritative
+// copy is in the host tier if it is there, else in NVMe; a block may keep a
+// clean copy in NVMe while it is also in the host tier.
+type Chain struct {
+	Host *Host
+	NVMe *nvme.Store // nil when the NVMe tier is off
+	cfg  ChainConfig
+	log  *slog.Logger
+
+	promoCh chan *promotion
+	kick    chan struct{}
+
+	mu       sync.Mutex
+	inflight map[Key]*promotion
+
+	wg sync.WaitGroup
+
+	nvmeHits, nvmeMisses      atomic.Uint64
+	demoted, demotedBytes     atomic.Uint64
+	promoted, promotedBytes   atomic.Uint64
+	demoteErrors, promoteErrs atomic.Uint64
+	prefetches, prefetchDrops atomic.Uint64
+	swapInNanos, swapOutNanos atomic.Uint64
+}
+
+// ErrPromote reports that a block was in NVMe but could not be brought up.
+var ErrPromote = errors.New("promotion from nvme failed")
+
+type promotion struct {
+	key     Key
+	size    int64
+	waiters []func(*Handle, error)
+}
+
+// NewChain ties host and (optionally) nvme together. Start runs the mover.
+func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) *Chain {
+	if cfg.HighWatermark <= 0 || cfg.HighWatermark > 1 {
+		cfg.HighWatermark = 0.95
+	}
+	if cfg.LowWatermark <= 0 || cfg.LowWatermark >= cfg.HighWatermark {
+		cfg.LowWatermark = cfg.HighWatermark * 0.9
+	}
+	if cfg.PromoteWorkers <= 0 {
+		cfg.PromoteWorkers = 2
+	}
+	if cfg.PromoteQueue <= 0 {
+		cfg.PromoteQueue = 256
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Chain{
+		Host: host, NVMe: store, cfg: cfg, log: cfg.Logger,
+		promoCh:  make(chan *promotion, cfg.PromoteQueue),
+		kick:     make(chan struct{}, 1),
+		inflight: map[Key]*promotion{},
+	}
+}
+
+// Start runs the demoter and the promotion workers until ctx ends; Wait
+// returns when they have exited.
+func (c *Chain) Start(ctx context.Context) {
+	if c.NVMe == nil {
+		return
+	}
+	c.wg.Add(1 + c.cfg.PromoteWorkers)
+	go func() {
+		defer c.wg.Done()
+		c.demoteLoop(ctx)
+	}()
+	for i := 0; i < c.cfg.PromoteWorkers; i++ {
+		go func() {
+			defer c.wg.Done()
+			c.promoteLoop(ctx)
+		}()
+	}
+}
+
+// Wait blocks until the goroutines started by Start have exited. Demand
+// promotions still queued are failed.
+func (c *Chain) Wait() {
+	c.wg.Wait()
+	for {
+		select {
+		case p := <-c.promoCh:
+			c.finish(p, ErrPromote)
+		default:
+			return
+		}
+	}
+}
+
+func nk(k Key) nvme.Key { return nvme.Key{NS: k.NS, Hash: k.Hash} }
+
+// inNVMe reports whether the NVMe tier holds key.
+func (c *Chain) inNVMe(k Key) bool { return c.NVMe != nil && c.NVMe.Contains(nk(k)) }
+
+// Lookup returns how many leading keys of chain are cached in any tier and
+// the tier of each. Blocks found only in NVMe are queued for promotion: a
+// lookup announces reads.
+func (c *Chain) Lookup(chain []Key, tiers []shm.Tier) int {
+	i := 0
+	for i < len(chain) {
+		i += c.Host.Lookup(chain[i:], tiers[i:])
+		if i == len(chain) || !c.inNVMe(chain[i]) {
+			break
+		}
+		tiers[i] = shm.TierNVMe
+		c.prefetch(chain[i])
+		i++
+	}
+	return i
+}
+
+// Reserve reserves a host slot for a new block; a block cached in any tier
+// is ErrExists (a duplicate put is a no-op).
+func (c *Chain) Reserve(k Key, size int64) (*Handle, error) {
+	if c.inNVMe(k) {
+		return nil, ErrExists
+	}
+	return c.Host.Reserve(k, size)
+}
+
+// Exists reports whether key is cached in any tier (a Put of it is a no-op).
+func (c *Chain) Exists(k Key) bool { return c.Host.Contains(k) || c.inNVMe(k) }
+
+// Acquire leases key in the host tier. If it is only in NVMe, Acquire
+// returns (nil, true) and calls done from a mover goroutine once the block
+// has been promoted and leased (or with an error); the caller must not
+// block waiting. (nil, false) is a miss.
+func (c *Chain) Acquire(k Key, size int64, done func(*Handle, error)) (*Handle, bool) {
+	if hd, ok := c.Host.Acquire(k); ok {
+		return hd, true
+	}
+	if !c.inNVMe(k) {
+		c.nvmeMisses.Add(1)
+		return nil, false
+	}
+	c.nvmeHits.Add(1)
+	c.promote(k, size, done)
+	return nil, true
+}
+
+func (c *Chain) prefetch(k Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight[k] != nil {
+		return
+	}
+	p := &promotion{key: k}
+	size, ok := c.NVMe.Size(nk(k))
+	if !ok {
+		return
+	}
+	p.size = size
+	select {
+	case c.promoCh <- p:
+		c.inflight[k] = p
+		c.prefetches.Add(1)
+	default:
+		c.prefetchDrops.Add(1) // bounded queue: a prefetch may be skipped
+	}
+}
+
+func (c *Chain) promote(k Key, size int64, done func(*Handle, error)) {
+	c.mu.Lock()
+	if p := c.inflight[k]; p != nil {
+		p.waiters = append(p.waiters, done)
+		c.mu.Unlock()
+		return
+	}
+	p := &promotion{key: k, size: size, waiters: []func(*Handle, error){done}}
+	c.inflight[k] = p
+	c.mu.Unlock()
+	select {
+	case c.promoCh <- p:
+	default:
+		// A demand promotion is never dropped; the sender is bounded by the
+		// session's ring size.
+		go func() { c.promoCh <- p }()
+	}
+}
+
+func (c *Chain) promoteLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case p := <-c.promoCh:
+			c.finish(p, c.copyUp(p))
+		}
+	}
+}
+
+// copyUp brings one block from NVMe into a host slot.
+func (c *Chain) copyUp(p *promotion) error {
+	t0 := time.Now()
+	hd, err := c.Host.Reserve(p.key, p.size)
+	if errors.Is(err, ErrExists) {
+		return nil // put or promoted meanwhile
+	}
+	if err != nil {
+		c.promoteErrs.Add(1)
+		return fmt.Errorf("%w: reserve host slot: %v", ErrPromote, err)
+	}
+	n, err := c.NVMe.Get(nk(p.key), c.Host.Bytes(hd))
+	if err != nil || int64(n) != p.size {
+		c.Host.Abort(hd)
+		c.promoteErrs.Add(1)
+		return fmt.Errorf("%w: read %s: %v (%d bytes)", ErrPromote, p.key.Hash, err, n)
+	}
+	if err := c.Host.Commit(hd); err != nil {
+		return fmt.Errorf("%w: %v", ErrPromote, err)
+	}
+	c.promoted.Add(1)
+	c.promotedBytes.Add(uint64(p.size))
+	c.swapInNanos.Add(uint64(time.Since(t0)))
+	c.kickDemoter()
+	return nil
+}
+
+// finish hands the promoted block to every waiter as a lease.
+func (c *Chain) finish(p *promotion, err error) {
+	c.mu.Lock()
+	delete(c.inflight, p.key)
+	ws := p.waiters
+	c.mu.Unlock()
+	for _, w := range ws {
+		if err != nil {
+			w(nil, err)
+			continue
+		}
+		if hd, ok := c.Host.Pin(p.key); ok {
+			w(hd, nil)
+		} else {
+			w(nil, fmt.Errorf("%w: %s left the host tier before it was leased", ErrPromote, p.key.Hash))
+		}
+	}
+}
+
+// Committed tells the chain a block was added to the host tier.
+func (c *Chain) Committed() {
+	if c.NVMe == nil {
+		return
+	}
+	used, capacity := c.Host.Usage()
+	if float64(used) > c.cfg.HighWatermark*float64(capacity) {
+		c.kickDemoter()
+	}
+}
+
+func (c *Chain) kickDemoter() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// demoteLoop keeps the host tier under its high watermark by moving its
+// coldest blocks to NVMe.
+func (c *Chain) demoteLoop(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.kick:
+		case <-t.C:
+		}
+		used, capacity := c.Host.Usage()
+		if float64(used) <= c.cfg.HighWatermark*float64(capacity) {
+			continue
+		}
+		for float64(used) > c.cfg.LowWatermark*float64(capacity) && ctx.Err() == nil {
+			if c.demoteBatch(16) == 0 {
+				break
+			}
+			used, _ = c.Host.Usage()
+		}
+	}
+}
+
+// demoteBatch moves up to n of the coldest host blocks down and returns how
+// many left the host tier.
+func (c *Chain) demoteBatch(n int) int {
+	hs := c.Host.PinColdest(n, nil)
+	moved := 0
+	for _, hd := range hs {
+		if c.writeDown(hd) {
+			if dropped, _ := c.Host.Unpin(hd, true); dropped {
+				moved++
+				c.demoted.Add(1)
+				c.demotedBytes.Add(uint64(hd.Size))
+			}
+		} else {
+			c.Host.Unpin(hd, false)
+		}
+	}
+	return moved
+}
+
+// writeDown makes sure NVMe holds a copy of the pinned block.
+func (c *Chain) writeDown(hd *Handle) bool {
+	if c.inNVMe(hd.Key) {
+		return true // clean copy already below
+	}
+	t0 := time.Now()
+	if err := c.NVMe.Put(nk(hd.Key), c.Host.Bytes(hd)); err != nil {
+		c.demoteErrors.Add(1)
+		c.log.Warn("demotion to nvme failed", "block", hd.Key.Hash, "err", err)
+		return false
+	}
+	c.swapOutNanos.Add(uint64(time.Since(t0)))
+	return true
+}
+
+// Flush writes every host block that has no copy in NVMe down to NVMe (the
+// host tier keeps its copies). It returns how many blocks it wrote.
+func (c *Chain) Flush(ctx context.Context) (int, error) {
+	if c.NVMe == nil {
+		return 0, nil
+	}
+	hs := c.Host.PinAll()
+	n := 0
+	var err error
+	for _, hd := range hs {
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		if err == nil && !c.inNVMe(hd.Key) {
+			if c.writeDown(hd) {
+				n++
+			}
+		}
+		c.Host.Unpin(hd, false)
+	}
+	return n, err
+}
+
+// Delete removes key from every tier.
+func (c *Chain) Delete(k Key) bool {
+	found := c.Host.Delete(k)
+	if c.inNVMe(k) {
+		c.NVMe.Delete(nk(k))
+		found = true
+	}
+	return found
+}
+
+// DeleteNS removes namespace ns from every tier and returns the number of
+// distinct blocks removed.
+func (c *Chain) DeleteNS(ns uint32) int {
+	n := c.Host.DeleteNS(ns)
+	if c.NVMe != nil {
+		m, _ := c.NVMe.DeleteNS(ns)
+		n = max(n, m)
+	}
+	return n
+}
+
+// ChainStats counts movement between tiers.
+type ChainStats struct {
+	NVMeHits, NVMeMisses        uint64
+	Demoted, DemotedBytes       uint64 // host → nvme
+	Promoted, PromotedBytes     uint64 // nvme → host
+	DemoteErrors, PromoteErrors uint64
+	Prefetches, PrefetchDropped uint64
+	SwapIn, SwapOut             time.Duration // total time spent copying
+}
+
+// Stats returns the movement counters.
+func (c *Chain) Stats() ChainStats {
+	return ChainStats{
+		NVMeHits: c.nvmeHits.Load(), NVMeMisses: c.nvmeMisses.Load(),
+		Demoted: c.demoted.Load(), DemotedBytes: c.demotedBytes.Load(),
+		Promoted: c.promoted.Load(), PromotedBytes: c.promotedBytes.Load(),
+		DemoteErrors: c.demoteErrors.Load(), PromoteErrors: c.promoteErrs.Load(),
+		Prefetches: c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
+		SwapIn: time.Duration(c.swapInNanos.Load()), SwapOut: time.Duration(c.swapOutNanos.Load()),
+	}
+}

@@ -1,0 +1,132 @@
+package tiers
+
+// Movement support: the mover pins blocks while it copies them to or from a
+// slower tier, then either drops them from the host tier (demotion) or
+// leaves them. A movement pin is a lease that counts no hit: pinned blocks
+// are never evicted, compacted or dropped under the copy.
+
+// PinColdest pins up to n committed, unleased blocks, least recently used
+// first, skipping those for which skip returns true (they stay in place).
+func (h *Host) PinColdest(n int, skip func(Key) bool) []*Handle {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*Handle
+	// Each class has its own LRU list; stamps order them globally. Walk the
+	// lists from their tails, always taking the globally oldest candidate.
+	cursors := make(map[*class]*Handle, len(h.classList))
+	for _, c := range h.classList {
+		if c.lru.tail != nil {
+			cursors[c] = c.lru.tail
+		}
+	}
+	for len(out) < n && len(cursors) > 0 {
+		var best *class
+		for c, hd := range cursors {
+			if best == nil || hd.stamp < cursors[best].stamp {
+				best = c
+			}
+		}
+		hd := cursors[best]
+		if hd.prev != nil {
+			cursors[best] = hd.prev
+		} else {
+			delete(cursors, best)
+		}
+		if skip != nil && skip(hd.Key) {
+			continue
+		}
+		h.pinLocked(hd)
+		out = append(out, hd)
+	}
+	return out
+}
+
+// PinAll pins every committed block (for a write-down at shutdown).
+func (h *Host) PinAll() []*Handle {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*Handle, 0, h.committed)
+	for _, hd := range h.index {
+		if hd.state == stateCommitted {
+			h.pinLocked(hd)
+			out = append(out, hd)
+		}
+	}
+	return out
+}
+
+// Pin pins the committed block for key without counting a hit.
+func (h *Host) Pin(key Key) (*Handle, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	hd := h.index[key]
+	if hd == nil || hd.state != stateCommitted {
+		return nil, false
+	}
+	h.pinLocked(hd)
+	return hd, true
+}
+
+func (h *Host) pinLocked(hd *Handle) {
+	if hd.leases == 0 {
+		hd.cls.lru.remove(hd)
+		h.pin(&h.slabs[hd.slab])
+		h.leased++
+	}
+	hd.leases++
+}
+
+// Unpin drops a movement pin. With drop set, a block nobody else holds
+// leaves the tier (its copy now lives below) and Unpin reports true;
+// otherwise it becomes most recently used (a kept block was either read
+// meanwhile or could not be written below, and must not be picked again at
+// once).
+func (h *Host) Unpin(hd *Handle, drop bool) (dropped bool, err error) {
+	if err := h.check(hd); err != nil {
+		return false, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hd.leases <= 0 || (hd.state != stateCommitted && hd.state != stateDeleted) {
+		return false, ErrHandleState
+	}
+	hd.leases--
+	if hd.leases > 0 {
+		return false, nil
+	}
+	h.leased--
+	h.unpin(&h.slabs[hd.slab])
+	switch {
+	case hd.state == stateDeleted:
+		h.freeSlot(hd)
+	case drop:
+		h.unindex(hd)
+		h.freeSlot(hd)
+		return true, nil
+	default:
+		hd.stamp = h.nextTick()
+		hd.cls.lru.pushFront(hd)
+	}
+	return false, nil
+}
+
+// Contains reports whether key is committed in the host tier (no recency
+// update).
+func (h *Host) Contains(key Key) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	hd := h.index[key]
+	return hd != nil && hd.state == stateCommitted
+}
+
+// Bytes returns the arena bytes of a pinned, leased or reserved block.
+func (h *Host) Bytes(hd *Handle) []byte {
+	return h.arena[hd.Offset : hd.Offset+hd.Size : hd.Offset+hd.Size]
+}
+
+// Usage returns the bytes in use and the capacity.
+func (h *Host) Usage() (used, capacity int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.used, int64(len(h.arena))
+}
