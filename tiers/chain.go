@@ -42,6 +42,9 @@ type Chain struct {
 
 	mu       sync.Mutex
 	inflight map[Key]*promotion
+	// demoteMu serializes demotion passes (the demoter and promotion
+	// workers making room) so they do not pin the same cold blocks.
+	demoteMu sync.Mutex
 
 	wg sync.WaitGroup
 
@@ -225,6 +228,10 @@ func (c *Chain) promoteLoop(ctx context.Context) {
 // copyUp brings one block from NVMe into a host slot.
 func (c *Chain) copyUp(p *promotion) error {
 	t0 := time.Now()
+	// Make room by demotion first: the host tier's own eviction would drop
+	// blocks that have no copy in NVMe yet. This runs on a mover goroutine,
+	// never on a ring loop.
+	c.makeRoom(p.size)
 	hd, err := c.Host.Reserve(p.key, p.size)
 	if errors.Is(err, ErrExists) {
 		return nil // put or promoted meanwhile
@@ -302,11 +309,25 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 		if float64(used) <= c.cfg.HighWatermark*float64(capacity) {
 			continue
 		}
+		c.demoteMu.Lock()
 		for float64(used) > c.cfg.LowWatermark*float64(capacity) && ctx.Err() == nil {
 			if c.demoteBatch(16) == 0 {
 				break
 			}
 			used, _ = c.Host.Usage()
+		}
+		c.demoteMu.Unlock()
+	}
+}
+
+// makeRoom demotes until n more bytes fit under the high watermark.
+func (c *Chain) makeRoom(n int64) {
+	c.demoteMu.Lock()
+	defer c.demoteMu.Unlock()
+	for {
+		used, capacity := c.Host.Usage()
+		if float64(used+n) <= c.cfg.HighWatermark*float64(capacity) || c.demoteBatch(4) == 0 {
+			return
 		}
 	}
 }
