@@ -46,6 +46,9 @@ type NVMeConfig struct {
 	// FlushOnStop writes the host tier down to NVMe on SIGTERM so a restart
 	// or an upgrade keeps the cache warm.
 	FlushOnStop bool `toml:"flush_on_stop"`
+	// ParkTTLSeconds is how long a parked request is kept without being
+	// resumed or released.
+	ParkTTLSeconds int `toml:"park_ttl_s"`
 }
 
 // LogConfig selects the slog handler.
@@ -187,7 +190,7 @@ func (e env) base() Config {
 		Log:  LogConfig{Level: "info", Format: "text"},
 		Auth: AuthConfig{UIDs: []uint32{uint32(euid)}},
 		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true, HighWatermark: 0.95, LowWatermark: 0.85},
-		NVMe: NVMeConfig{Enabled: true, FlushOnStop: true},
+		NVMe: NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 		Session: SessionConfig{
 			RingEntries: 1024,
 			DataBytes:   1 * MiB,
@@ -354,6 +357,9 @@ func (c *Config) Validate() error {
 	}
 	if w := c.Host.LowWatermark; !(w > 0 && w < c.Host.HighWatermark) {
 		bad("host.low_watermark", "must be in (0, host.high_watermark), got %v", w)
+	}
+	if t := c.NVMe.ParkTTLSeconds; t <= 0 {
+		bad("nvme.park_ttl_s", "must be positive, got %d", t)
 	}
 	if capa := c.NVMe.Capacity; c.NVMe.Enabled && capa != 0 && capa < 64*MiB {
 		bad("nvme.capacity", "must be 0 (auto) or at least 64MiB, got %v", capa)

@@ -70,7 +70,7 @@ func TestConfigDefaults(t *testing.T) {
 				Host: HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true,
 					HighWatermark: 0.95, LowWatermark: 0.85},
 				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
-				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true},
+				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 			}
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got  %+v\nwant %+v", c, want)
@@ -141,7 +141,7 @@ capacity = "1GiB"
 		Host: HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false,
 			HighWatermark: 0.95, LowWatermark: 0.85},
 		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
-		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true},
+		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, ParkTTLSeconds: 3600},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)

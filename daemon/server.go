@@ -108,6 +108,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.chain = tiers.NewChain(d.host, d.nvme, tiers.ChainConfig{
 		HighWatermark: cfg.Host.HighWatermark, LowWatermark: cfg.Host.LowWatermark, Logger: log,
+		ParkTTL: time.Duration(cfg.NVMe.ParkTTLSeconds) * time.Second,
 	})
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
@@ -137,7 +138,11 @@ func openNVMe(cfg Config, log *slog.Logger) (*nvme.Store, error) {
 		}
 	}
 	t0 := time.Now()
-	store, err := nvme.Open(context.Background(), nvme.Options{Dir: dir, CapacityBytes: capacity, Logger: log})
+	store, err := nvme.Open(context.Background(), nvme.Options{
+		Dir: dir, CapacityBytes: capacity, Logger: log,
+		// Parked requests are never dropped for space; they expire by TTL.
+		Unevictable: func(k nvme.Key) bool { return k.NS&tiers.ParkedNS != 0 },
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -485,6 +490,7 @@ func (d *Daemon) Stats() shm.Stats {
 			ChecksumMisses: ns.ChecksumMisses,
 		})
 	}
+	st.ParkedBlocks = cs.ParkedBlocks
 	st.Moves = []shm.MoveStats{
 		{From: "host", To: "nvme", Blocks: cs.Demoted, Bytes: cs.DemotedBytes, Errors: cs.DemoteErrors, Seconds: cs.SwapOut.Seconds()},
 		{From: "nvme", To: "host", Blocks: cs.Promoted, Bytes: cs.PromotedBytes, Errors: cs.PromoteErrors, Seconds: cs.SwapIn.Seconds()},

@@ -329,12 +329,15 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 	if !e.Op.Valid() {
 		return false, fmt.Errorf("unknown op %d", e.Op)
 	}
-	if e.Flags != 0 {
-		return false, fmt.Errorf("unknown flags %#x", e.Flags)
+	if !e.Op.FlagsValid(e.Flags) {
+		return false, fmt.Errorf("flags %#x invalid for %s", e.Flags, e.Op)
 	}
 	s.d.ops[e.Op].Add(1)
 	host, chain := s.d.host, s.d.chain
 	key := tiers.Key{NS: s.nsID, Hash: e.Hash}
+	if e.Flags&shm.SQEFlagParked != 0 {
+		key.NS |= tiers.ParkedNS
+	}
 	switch e.Op {
 	case shm.OpNop:
 	case shm.OpLookup:
@@ -364,6 +367,9 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		var err error
 		if e.Op == shm.OpCommit {
 			err = host.Commit(h)
+			if err == nil && h.Key.Parked() {
+				chain.Park(h.Key)
+			}
 			chain.Committed()
 		} else {
 			err = host.Abort(h)

@@ -52,6 +52,20 @@ func (s Status) String() string {
 	return fmt.Sprintf("status(%d)", uint32(s))
 }
 
+// SQEFlagParked addresses the blocks of a parked request instead of
+// prefix-chained blocks: Hash is {request id, block index}. Valid on
+// reserve, acquire and delete.
+const SQEFlagParked = 1 << 0
+
+// FlagsValid reports whether flags are allowed on op.
+func (o Op) FlagsValid(flags uint8) bool {
+	switch o {
+	case OpReserve, OpAcquire, OpDelete:
+		return flags&^SQEFlagParked == 0
+	}
+	return flags == 0
+}
+
 // SQESize and CQESize are the fixed entry sizes.
 const (
 	SQESize = 64

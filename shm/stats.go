@@ -16,6 +16,7 @@ type Stats struct {
 	Namespaces    []NamespaceStats  `json:"namespaces"`
 	Ops           map[string]uint64 `json:"ops"`
 	Moves         []MoveStats       `json:"moves"`
+	ParkedBlocks  int               `json:"parked_blocks"`
 }
 
 // TierStats describes one tier.

@@ -1,6 +1,7 @@
 package tiers
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvtier/kvtier/shm"
@@ -56,4 +57,64 @@ func BenchmarkReserveCommit(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDeleteReserveChurn is the daemon's DeleteBatch-then-refill
+// pattern with one block size: 2 MiB blocks in 64 MiB slabs (32 slots), a
+// full tier of 8 slabs, and per op 64 deletes of blocks picked at random
+// (so they are spread over the slabs) followed by 64 Reserve+Commit of the
+// same size. The freed slots are refilled in place, so no op should need to
+// copy a block.
+func BenchmarkDeleteReserveChurn(b *testing.B) {
+	const (
+		blockBytes = 2 << 20
+		slabBytes  = 64 << 20
+		slabs      = 8
+		blocks     = slabs * slabBytes / blockBytes // 256
+		batch      = 64
+	)
+	h, _ := newHost(b, slabBytes, slabs)
+	keys := make([]Key, blocks)
+	next := uint64(0)
+	reserve := func(i int) {
+		keys[i] = Key{NS: 1, Hash: shm.Hash{Lo: next}}
+		next++
+		hd, err := h.Reserve(keys[i], blockBytes)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Commit(hd); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range keys {
+		reserve(i)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	perm := make([]int, blocks)
+	for i := range perm {
+		perm[i] = i
+	}
+	start := h.Stats()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := 0; j < batch; j++ { // partial shuffle: perm[:batch] is the victim set
+			r := j + rng.IntN(blocks-j)
+			perm[j], perm[r] = perm[r], perm[j]
+			if !h.Delete(keys[perm[j]]) {
+				b.Fatal("delete missed")
+			}
+		}
+		for j := 0; j < batch; j++ {
+			reserve(perm[j])
+		}
+	}
+	b.StopTimer()
+	st := h.Stats()
+	if st.Evictions != start.Evictions {
+		b.Fatalf("churn evicted %d blocks", st.Evictions-start.Evictions)
+	}
+	b.ReportMetric(float64(st.Compactions-start.Compactions)/float64(b.N), "compactions/op")
+	b.ReportMetric(float64(st.CompactedBlocks-start.CompactedBlocks)/float64(b.N), "moved/op")
 }

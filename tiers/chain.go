@@ -24,8 +24,19 @@ type ChainConfig struct {
 	// prefetches waiting for them (demand promotions are never dropped).
 	PromoteWorkers int
 	PromoteQueue   int
-	Logger         *slog.Logger
+	// ParkTTL bounds how long a parked request is kept without being
+	// resumed or released.
+	ParkTTL time.Duration
+	Logger  *slog.Logger
 }
+
+// ParkedNS is set in the namespace of parked blocks: the KV of a paused
+// request, keyed by request id and block index, never shared by prefix.
+// Namespace ids stay far below it.
+const ParkedNS = 1 << 31
+
+// Parked reports whether k belongs to a parked request.
+func (k Key) Parked() bool { return k.NS&ParkedNS != 0 }
 
 // Chain is the tier chain host → nvme: one index view over both tiers and
 // the mover that demotes and promotes between them. A block's authoritative
@@ -42,6 +53,12 @@ type Chain struct {
 
 	mu       sync.Mutex
 	inflight map[Key]*promotion
+	// parked maps the blocks of parked requests to their expiry; parkCh
+	// carries freshly parked (pinned) blocks to the write-through goroutine.
+	parkMu sync.Mutex
+	parked map[Key]time.Time
+	parkCh chan *Handle
+
 	// demoteMu serializes demotion passes (the demoter and promotion
 	// workers making room) so they do not pin the same cold blocks.
 	demoteMu sync.Mutex
@@ -53,6 +70,7 @@ type Chain struct {
 	promoted, promotedBytes   atomic.Uint64
 	demoteErrors, promoteErrs atomic.Uint64
 	prefetches, prefetchDrops atomic.Uint64
+	parkErrors, parkExpired   atomic.Uint64
 	swapInNanos, swapOutNanos atomic.Uint64
 }
 
@@ -82,11 +100,16 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) *Chain {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ParkTTL <= 0 {
+		cfg.ParkTTL = time.Hour
+	}
 	return &Chain{
 		Host: host, NVMe: store, cfg: cfg, log: cfg.Logger,
 		promoCh:  make(chan *promotion, cfg.PromoteQueue),
 		kick:     make(chan struct{}, 1),
 		inflight: map[Key]*promotion{},
+		parked:   map[Key]time.Time{},
+		parkCh:   make(chan *Handle, 4096),
 	}
 }
 
@@ -96,10 +119,28 @@ func (c *Chain) Start(ctx context.Context) {
 	if c.NVMe == nil {
 		return
 	}
-	c.wg.Add(1 + c.cfg.PromoteWorkers)
+	// Parked blocks that survived a restart in NVMe get a fresh TTL.
+	expiry := time.Now().Add(c.cfg.ParkTTL)
+	c.parkMu.Lock()
+	c.NVMe.Keys(func(k nvme.Key, _ int64) bool {
+		if key := (Key{NS: k.NS, Hash: k.Hash}); key.Parked() {
+			c.parked[key] = expiry
+		}
+		return true
+	})
+	c.parkMu.Unlock()
+	c.wg.Add(3 + c.cfg.PromoteWorkers)
 	go func() {
 		defer c.wg.Done()
 		c.demoteLoop(ctx)
+	}()
+	go func() {
+		defer c.wg.Done()
+		c.parkLoop(ctx)
+	}()
+	go func() {
+		defer c.wg.Done()
+		c.expireLoop(ctx)
 	}()
 	for i := 0; i < c.cfg.PromoteWorkers; i++ {
 		go func() {
@@ -110,9 +151,18 @@ func (c *Chain) Start(ctx context.Context) {
 }
 
 // Wait blocks until the goroutines started by Start have exited. Demand
-// promotions still queued are failed.
+// promotions still queued are failed; parked blocks not yet written down
+// stay in the host tier (Flush writes them).
 func (c *Chain) Wait() {
 	c.wg.Wait()
+	for drained := false; !drained; {
+		select {
+		case hd := <-c.parkCh:
+			c.Host.Unpin(hd, false)
+		default:
+			drained = true
+		}
+	}
 	for {
 		select {
 		case p := <-c.promoCh:
@@ -389,8 +439,108 @@ func (c *Chain) Flush(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// Park is called after a parked block was committed to the host tier: it
+// is pinned there until written through to NVMe, then leaves the host tier
+// (a parked request is swapped out). Without an NVMe tier it stays in the
+// host tier like any block.
+func (c *Chain) Park(k Key) {
+	c.parkMu.Lock()
+	c.parked[k] = time.Now().Add(c.cfg.ParkTTL)
+	c.parkMu.Unlock()
+	if c.NVMe == nil {
+		return
+	}
+	hd, ok := c.Host.Pin(k)
+	if !ok {
+		return
+	}
+	select {
+	case c.parkCh <- hd:
+	default:
+		go func() { c.parkCh <- hd }() // bounded by the sessions' rings
+	}
+}
+
+func (c *Chain) isParked(k Key) bool {
+	c.parkMu.Lock()
+	defer c.parkMu.Unlock()
+	_, ok := c.parked[k]
+	return ok
+}
+
+// parkLoop writes parked blocks through to NVMe, where the budget never
+// evicts them (see nvme.Options.Unevictable), and drops their host copy.
+func (c *Chain) parkLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case hd := <-c.parkCh:
+			if !c.isParked(hd.Key) { // resumed or released meanwhile
+				c.Host.Unpin(hd, false)
+				continue
+			}
+			if !c.writeDown(hd) {
+				c.parkErrors.Add(1)
+				c.Host.Unpin(hd, false)
+				continue
+			}
+			if !c.isParked(hd.Key) {
+				// Released while we wrote: do not leave an unevictable
+				// orphan on disk.
+				c.NVMe.Delete(nk(hd.Key))
+			}
+			if dropped, _ := c.Host.Unpin(hd, true); dropped {
+				c.demoted.Add(1)
+				c.demotedBytes.Add(uint64(hd.Size))
+			}
+		}
+	}
+}
+
+// expireLoop deletes parked requests whose TTL passed.
+func (c *Chain) expireLoop(ctx context.Context) {
+	period := min(c.cfg.ParkTTL/10, time.Second)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			var dead []Key
+			c.parkMu.Lock()
+			for k, exp := range c.parked {
+				if now.After(exp) {
+					dead = append(dead, k)
+				}
+			}
+			c.parkMu.Unlock()
+			for _, k := range dead {
+				c.Delete(k)
+				c.parkExpired.Add(1)
+			}
+			if len(dead) > 0 {
+				c.log.Info("parked blocks expired", "blocks", len(dead), "ttl", c.cfg.ParkTTL)
+			}
+		}
+	}
+}
+
+// ParkedBlocks returns how many parked blocks the chain holds.
+func (c *Chain) ParkedBlocks() int {
+	c.parkMu.Lock()
+	defer c.parkMu.Unlock()
+	return len(c.parked)
+}
+
 // Delete removes key from every tier.
 func (c *Chain) Delete(k Key) bool {
+	if k.Parked() {
+		c.parkMu.Lock()
+		delete(c.parked, k)
+		c.parkMu.Unlock()
+	}
 	found := c.Host.Delete(k)
 	if c.inNVMe(k) {
 		c.NVMe.Delete(nk(k))
@@ -402,6 +552,15 @@ func (c *Chain) Delete(k Key) bool {
 // DeleteNS removes namespace ns from every tier and returns the number of
 // distinct blocks removed.
 func (c *Chain) DeleteNS(ns uint32) int {
+	if ns&ParkedNS != 0 {
+		c.parkMu.Lock()
+		for k := range c.parked {
+			if k.NS == ns {
+				delete(c.parked, k)
+			}
+		}
+		c.parkMu.Unlock()
+	}
 	n := c.Host.DeleteNS(ns)
 	if c.NVMe != nil {
 		m, _ := c.NVMe.DeleteNS(ns)
@@ -417,6 +576,8 @@ type ChainStats struct {
 	Promoted, PromotedBytes     uint64 // nvme → host
 	DemoteErrors, PromoteErrors uint64
 	Prefetches, PrefetchDropped uint64
+	ParkedBlocks                int
+	ParkErrors, ParkExpired     uint64
 	SwapIn, SwapOut             time.Duration // total time spent copying
 }
 
@@ -428,6 +589,7 @@ func (c *Chain) Stats() ChainStats {
 		Promoted: c.promoted.Load(), PromotedBytes: c.promotedBytes.Load(),
 		DemoteErrors: c.demoteErrors.Load(), PromoteErrors: c.promoteErrs.Load(),
 		Prefetches: c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
+		ParkedBlocks: c.ParkedBlocks(), ParkErrors: c.parkErrors.Load(), ParkExpired: c.parkExpired.Load(),
 		SwapIn: time.Duration(c.swapInNanos.Load()), SwapOut: time.Duration(c.swapOutNanos.Load()),
 	}
 }

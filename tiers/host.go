@@ -336,6 +336,14 @@ func (h *Host) allocSlot(c *class) (*slab, int, error) {
 			h.assignSlab(s, c)
 			continue
 		}
+		// Compaction is lazy: stranded free slots are reclaimed only here,
+		// when a class needs a slab and none is free. It is tried before
+		// every eviction (after evicting from a class D, it is what turns
+		// D's freed slots into a slab). c itself has no free slot here.
+		if s := h.compactable(); s != nil {
+			h.drain(s)
+			continue
+		}
 		if target == nil {
 			if target = h.victimClass(c); target == nil {
 				return nil, 0, ErrFull
@@ -349,10 +357,34 @@ func (h *Host) allocSlot(c *class) (*slab, int, error) {
 	}
 }
 
+// compactable returns the slab whose drain frees a slab at the least copying
+// cost: the unpinned slab with the fewest live bytes among classes that hold
+// at least slotsPerSlab free slots (so its blocks fit in the class's other
+// slabs). Nil if no class can be compacted.
+func (h *Host) compactable() *slab {
+	var best *slab
+	var bestBytes int64
+	for _, d := range h.classList {
+		if d.unpinned == 0 || d.freeSlots() < d.spp {
+			continue
+		}
+		for _, s := range d.slabs {
+			if s.pinned != 0 {
+				continue
+			}
+			if n := int64(s.live) * d.size; best == nil || n < bestBytes {
+				best, bestBytes = s, n
+			}
+		}
+	}
+	return best
+}
+
 // victimClass picks the class whose LRU block is globally oldest among those
 // whose evictions can serve c: c itself (one eviction frees a slot), or a
-// class owning a slab with no pinned slot (its evictions plus compaction free
-// that many slots ≥ slotsPerSlab, hence a slab).
+// class owning a slab with no pinned slot (evicting at most that slab's live
+// blocks brings its free slots to ≥ slotsPerSlab, and compaction then frees a
+// slab).
 func (h *Host) victimClass(c *class) *class {
 	var best *class
 	for _, d := range h.classList {
@@ -421,7 +453,8 @@ func (h *Host) takeSlot(s *slab) int {
 }
 
 // freeSlot vacates hd's slot (hd must already be unpinned and out of every
-// list) and compacts the class if that crossed the threshold.
+// list). It never compacts: free slots stay where they are until the class
+// reuses them or another class needs a slab (see allocSlot).
 func (h *Host) freeSlot(hd *Handle) {
 	s := &h.slabs[hd.slab]
 	c := s.cls
@@ -438,7 +471,6 @@ func (h *Host) freeSlot(hd *Handle) {
 	} else {
 		heap.Push(&c.partial, s)
 	}
-	h.maybeCompact(c)
 }
 
 func (h *Host) pin(s *slab) {
@@ -448,32 +480,19 @@ func (h *Host) pin(s *slab) {
 	s.pinned++
 }
 
-// unpin drops one pin and reports whether the slab became unpinned.
-func (h *Host) unpin(s *slab) bool {
+// unpin drops one pin. A slab that becomes unpinned is movable again, but
+// is only compacted when another class needs a slab.
+func (h *Host) unpin(s *slab) {
 	s.pinned--
 	if s.pinned == 0 {
 		s.cls.unpinned++
-		return true
-	}
-	return false
-}
-
-// maybeCompact keeps the class's stranded free slots below one slab's worth.
-func (h *Host) maybeCompact(c *class) {
-	for c.freeSlots() >= c.spp && c.unpinned > 0 {
-		var victim *slab
-		for _, s := range c.slabs {
-			if s.pinned == 0 && (victim == nil || s.live < victim.live) {
-				victim = s
-			}
-		}
-		h.drain(victim)
 	}
 }
 
 // drain moves every block of the unpinned slab s into free slots of the
 // class's other slabs and returns s to the pool. The caller guarantees
-// freeSlots >= spp, so the other slabs have at least s.live free slots.
+// freeSlots >= spp, so the other slabs have at least s.live free slots
+// (F-(spp-live) >= live).
 func (h *Host) drain(s *slab) {
 	c := s.cls
 	if s.heapIdx >= 0 {
@@ -549,9 +568,7 @@ func (h *Host) Commit(hd *Handle) error {
 	l.push(hd)
 	hd.stamp = h.nextTick()
 	hd.cls.lru.pushFront(hd)
-	if h.unpin(&h.slabs[hd.slab]) {
-		h.maybeCompact(hd.cls)
-	}
+	h.unpin(&h.slabs[hd.slab])
 	return nil
 }
 
@@ -609,17 +626,13 @@ func (h *Host) Release(hd *Handle) error {
 		return nil
 	}
 	h.leased--
-	s := &h.slabs[hd.slab]
-	became := h.unpin(s)
+	h.unpin(&h.slabs[hd.slab])
 	if hd.state == stateDeleted {
 		h.freeSlot(hd)
 		return nil
 	}
 	hd.stamp = h.nextTick()
 	hd.cls.lru.pushFront(hd)
-	if became {
-		h.maybeCompact(hd.cls)
-	}
 	return nil
 }
 

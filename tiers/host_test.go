@@ -355,12 +355,19 @@ func TestCompactionMovesData(t *testing.T) {
 	for i := uint64(0); i < 8; i++ {
 		hds = append(hds, put(t, h, arena, key(1, i), 4096))
 	}
-	// Free two slots per slab: the fourth free slot triggers compaction.
+	// Free two slots per slab: one slab's worth of free slots, but nobody
+	// needs a slab yet, so nothing moves.
 	for _, i := range []uint64{0, 4, 1, 5} {
 		h.Delete(key(1, i))
 	}
+	if st := h.Stats(); st.SlabsFree != 0 || st.Compactions != 0 {
+		t.Fatalf("eager compaction: %+v", st)
+	}
+	mustCheck(t, h)
+	// A 16 KiB block needs a whole slab: compaction provides it, no eviction.
+	big := put(t, h, arena, key(2, 0), 16<<10)
 	st := h.Stats()
-	if st.SlabsFree != 1 || st.Compactions != 1 || st.CompactedBlocks != 2 {
+	if st.Compactions != 1 || st.CompactedBlocks != 2 || st.Evictions != 0 || st.SlabsFree != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 	for _, i := range []uint64{2, 3, 6, 7} {
@@ -368,10 +375,16 @@ func TestCompactionMovesData(t *testing.T) {
 		if !ok || hd != hds[i] {
 			t.Fatal("lost block")
 		}
+		if hd.Offset/(16<<10) == big.Offset/(16<<10) {
+			t.Fatalf("block %d shares the drained slab", i)
+		}
 		if err := checkPattern(arena, hd, 1); err != nil {
 			t.Fatal(err)
 		}
 		h.Release(hd)
+	}
+	if err := checkPattern(arena, big, 1); err != nil {
+		t.Fatal(err)
 	}
 	mustCheck(t, h)
 }
@@ -381,25 +394,174 @@ func TestCompactionSkipsPinnedSlab(t *testing.T) {
 	for i := uint64(0); i < 8; i++ {
 		put(t, h, arena, key(1, i), 4096)
 	}
-	// Pin one block in each slab, then empty both slabs down to it.
+	// Pin one block in each slab, then empty both slabs down to it (key 7
+	// stays unleased beside key 4): 5 free slots, but every slab is pinned.
 	a, _ := h.Acquire(key(1, 0))
 	b, _ := h.Acquire(key(1, 4))
 	offA, offB := a.Offset, b.Offset
 	for _, i := range []uint64{1, 2, 3, 5, 6} {
 		h.Delete(key(1, i))
 	}
-	if st := h.Stats(); st.Compactions != 0 || a.Offset != offA || b.Offset != offB {
+	// A slab-sized block cannot be served: compaction may not move a pinned
+	// block, and the 4 KiB class owns no unpinned slab to evict from.
+	if _, err := h.Reserve(key(2, 0), 16<<10); !errors.Is(err, ErrFull) {
+		t.Fatalf("err = %v, want ErrFull", err)
+	}
+	if st := h.Stats(); st.Compactions != 0 || st.Evictions != 0 || a.Offset != offA || b.Offset != offB {
 		t.Fatalf("pinned slab compacted: %+v", st)
 	}
 	mustCheck(t, h)
-	// Releasing one lease makes its slab movable; compaction follows.
+	// Releasing a lease makes its slab movable, but nothing moves until a
+	// slab is needed.
 	h.Release(a)
+	if st := h.Stats(); st.Compactions != 0 || a.Offset != offA {
+		t.Fatalf("compacted on release: %+v", st)
+	}
+	put(t, h, arena, key(2, 0), 16<<10)
 	st := h.Stats()
-	if st.Compactions != 1 || st.SlabsFree != 1 || b.Offset != offB {
-		t.Fatalf("no compaction after unpin: %+v", st)
+	if st.Compactions != 1 || st.CompactedBlocks != 1 || st.Evictions != 0 || b.Offset != offB {
+		t.Fatalf("stats %+v", st)
+	}
+	if a.Offset/(16<<10) != offB/(16<<10) {
+		t.Fatalf("block 0 not moved beside the pinned block")
+	}
+	if err := checkPattern(arena, a, 1); err != nil {
+		t.Fatal(err)
 	}
 	mustCheck(t, h)
 	h.Release(b)
+}
+
+func TestDeleteThenReserveSameClassNoCompaction(t *testing.T) {
+	// 8 slabs x 4 slots. Delete half of every slab (16 slots, four slabs'
+	// worth), then refill with the same size: the freed slots are reused in
+	// place, with no copy and no eviction.
+	h, arena := newHost(t, 16<<10, 8)
+	for i := uint64(0); i < 32; i++ {
+		put(t, h, arena, key(1, i), 4096)
+	}
+	for round := uint64(0); round < 3; round++ {
+		for i := uint64(0); i < 32; i += 2 {
+			if !h.Delete(key(1, i+round*100)) {
+				t.Fatalf("delete %d", i+round*100)
+			}
+		}
+		st := h.Stats()
+		if st.Compactions != 0 || st.Classes[0].FreeSlots != 16 {
+			t.Fatalf("round %d after delete: %+v", round, st)
+		}
+		mustCheck(t, h)
+		for i := uint64(0); i < 32; i += 2 {
+			put(t, h, arena, key(1, i+(round+1)*100), 4096)
+		}
+		// Keep odd keys under the next round's names.
+		for i := uint64(1); i < 32; i += 2 {
+			hd, ok := h.Acquire(key(1, i+round*100))
+			if !ok {
+				t.Fatalf("lost %d", i)
+			}
+			if err := checkPattern(arena, hd, 1); err != nil {
+				t.Fatal(err)
+			}
+			h.Release(hd)
+			h.Delete(key(1, i+round*100))
+			put(t, h, arena, key(1, i+(round+1)*100), 4096)
+		}
+		st = h.Stats()
+		if st.Compactions != 0 || st.Evictions != 0 || st.SlabsFree != 0 || st.Blocks != 32 {
+			t.Fatalf("round %d after refill: %+v", round, st)
+		}
+	}
+	mustCheck(t, h)
+}
+
+func TestCompactionBeforeEviction(t *testing.T) {
+	// 3 slabs x 4 slots: class A (4 KiB) in two slabs, class B (8 KiB, two
+	// per slab) in one. A frees one slab's worth of slots spread over both
+	// of its slabs; B's blocks are the oldest. A 16 KiB Reserve must compact
+	// A rather than evict B's old blocks.
+	h, arena := newHost(t, 16<<10, 3)
+	put(t, h, arena, key(2, 0), 8192)
+	put(t, h, arena, key(2, 1), 8192)
+	for i := uint64(0); i < 8; i++ {
+		put(t, h, arena, key(1, i), 4096)
+	}
+	for _, i := range []uint64{1, 2, 5, 6} {
+		h.Delete(key(1, i))
+	}
+	put(t, h, arena, key(3, 0), 16<<10)
+	st := h.Stats()
+	if st.Evictions != 0 || st.Compactions != 1 || st.CompactedBlocks != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Touch the survivors, B first, so B is the oldest.
+	for _, k := range []Key{key(2, 0), key(2, 1), key(1, 0), key(1, 3), key(1, 4), key(1, 7), key(3, 0)} {
+		hd, ok := h.Acquire(k)
+		if !ok {
+			t.Fatalf("%v evicted", k)
+		}
+		if err := checkPattern(arena, hd, 1); err != nil {
+			t.Fatal(err)
+		}
+		h.Release(hd)
+	}
+	// Now nothing is compactable: the next slab comes from evicting the
+	// globally oldest class with an unpinned slab (B, one slab's worth).
+	put(t, h, arena, key(3, 1), 16<<10)
+	if st := h.Stats(); st.Evictions != 2 || st.Compactions != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, k := range []Key{key(2, 0), key(2, 1)} {
+		if _, ok := h.Acquire(k); ok {
+			t.Fatalf("%v not evicted", k)
+		}
+	}
+	mustCheck(t, h)
+}
+
+func TestCompactionPicksCheapestSlab(t *testing.T) {
+	// Two compactable classes; the drain copies the fewest bytes.
+	h, arena := newHost(t, 16<<10, 5)
+	for i := uint64(0); i < 8; i++ { // A: 4 KiB, two slabs
+		put(t, h, arena, key(1, i), 4096)
+	}
+	for i := uint64(0); i < 6; i++ { // B: 2 KiB (4 KiB stride), two slabs
+		put(t, h, arena, key(2, i), 2048)
+	}
+	// A: slab0 keeps 3, slab1 keeps 1 (4 free): draining slab1 moves 4 KiB.
+	for _, i := range []uint64{0, 4, 5, 6} {
+		h.Delete(key(1, i))
+	}
+	// B: slab0 keeps 1, slab1 keeps 1 (6 free): either drain moves 2 KiB.
+	for _, i := range []uint64{1, 2, 3, 5} {
+		h.Delete(key(2, i))
+	}
+	put(t, h, arena, key(3, 0), 16<<10) // the free slab
+	put(t, h, arena, key(3, 1), 16<<10) // compacts B (2 KiB of copy)
+	st := h.Stats()
+	if st.Compactions != 1 || st.CompactedBlocks != 1 || st.Evictions != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, c := range st.Classes {
+		if c.Size == 2048 && c.Slabs != 1 {
+			t.Fatalf("class B not compacted: %+v", st.Classes)
+		}
+	}
+	put(t, h, arena, key(3, 2), 16<<10) // then A
+	if st := h.Stats(); st.Compactions != 2 || st.CompactedBlocks != 2 || st.Evictions != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, k := range []Key{key(1, 1), key(1, 2), key(1, 3), key(1, 7), key(2, 0), key(2, 4)} {
+		hd, ok := h.Acquire(k)
+		if !ok {
+			t.Fatalf("%v lost", k)
+		}
+		if err := checkPattern(arena, hd, 1); err != nil {
+			t.Fatal(err)
+		}
+		h.Release(hd)
+	}
+	mustCheck(t, h)
 }
 
 func TestCrossClassEvictionBound(t *testing.T) {

@@ -1,6 +1,7 @@
 package tiers
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 )
@@ -161,11 +162,9 @@ func checkHost(h *Host) error {
 		if live != c.live || unpinned != c.unpinned {
 			return fmt.Errorf("class %d: live %d/%d unpinned %d/%d", c.size, live, c.live, unpinned, c.unpinned)
 		}
-		// The fragmentation bound: compaction leaves fewer than one slab's
-		// worth of stranded free slots unless every slab is pinned.
-		if free := c.freeSlots(); free >= c.spp && c.unpinned > 0 {
-			return fmt.Errorf("class %d: %d free slots >= spp %d with %d unpinned slabs", c.size, free, c.spp, c.unpinned)
-		}
+		// Compaction is lazy, so a class may hold any number of free slots
+		// between allocations; the fragmentation bound applies when a Reserve
+		// is about to evict or fail (checkPressure).
 		// LRU: committed unleased blocks of the class, newest first.
 		n := 0
 		var prev *Handle
@@ -222,6 +221,88 @@ func checkHost(h *Host) error {
 	}
 	if len(h.index) != committed+reserved {
 		return fmt.Errorf("index %d, want %d", len(h.index), committed+reserved)
+	}
+	return nil
+}
+
+// servable reports why a Reserve of size could be served without evicting
+// (a free slot of its class, a free slab, or a class that compaction can take
+// a slab from), or "" if it cannot. Callers hold h.mu.
+func servable(h *Host, size int64) string {
+	if c := h.classes[size]; c != nil && c.freeSlots() > 0 {
+		return fmt.Sprintf("class %d has %d free slots", size, c.freeSlots())
+	}
+	if len(h.pool) > 0 {
+		return fmt.Sprintf("%d free slabs", len(h.pool))
+	}
+	for _, d := range h.classList {
+		if d.unpinned > 0 && d.freeSlots() >= d.spp {
+			return fmt.Sprintf("class %d is compactable: %d free slots >= spp %d, %d unpinned slabs",
+				d.size, d.freeSlots(), d.spp, d.unpinned)
+		}
+	}
+	return ""
+}
+
+// strandedBound checks the fragmentation bound of the package doc: every
+// class d holds at most (P+1)*(spp-1) free slots, P being the number of its
+// slabs holding a pinned block. It holds whenever servable is "" (every
+// class is compacted as far as pins allow), not between allocations.
+// Callers hold h.mu.
+func strandedBound(h *Host) error {
+	for _, d := range h.classList {
+		pinned := len(d.slabs) - d.unpinned
+		if free, bound := d.freeSlots(), (pinned+1)*(d.spp-1); free > bound {
+			return fmt.Errorf("class %d: %d free slots > (%d pinned slabs + 1) * (spp %d - 1)",
+				d.size, free, pinned, d.spp)
+		}
+	}
+	return nil
+}
+
+// pressure is the state a Reserve started from, captured by capturePressure.
+type pressure struct {
+	servable    string // why it could be served without evicting; "" if not
+	bound       error  // strandedBound of that state
+	needsSlab   bool   // no free slot in the class and no free slab
+	evictions   uint64
+	compactions uint64
+}
+
+func capturePressure(h *Host, size int64) pressure {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.classes[size]
+	return pressure{
+		servable:    servable(h, size),
+		bound:       strandedBound(h),
+		needsSlab:   len(h.pool) == 0 && (c == nil || c.freeSlots() == 0),
+		evictions:   h.evictions,
+		compactions: h.compactions,
+	}
+}
+
+// checkPressure verifies the lazy-compaction contract of one Reserve that
+// started from p and returned err:
+//   - it evicted or returned ErrFull only if it could not be served without
+//     evicting (compaction was exhausted first), and then the fragmentation
+//     bound held;
+//   - it compacted only if it needed a slab and none was free, and at most
+//     once.
+func checkPressure(h *Host, p pressure, err error) error {
+	h.mu.Lock()
+	evictions, compactions := h.evictions-p.evictions, h.compactions-p.compactions
+	h.mu.Unlock()
+	if evictions > 0 || errors.Is(err, ErrFull) {
+		if p.servable != "" {
+			return fmt.Errorf("evicted %d (err %v) although %s", evictions, err, p.servable)
+		}
+		if p.bound != nil {
+			return fmt.Errorf("evicted %d (err %v) with stranded space over the bound: %v", evictions, err, p.bound)
+		}
+	}
+	if compactions > 1 || (compactions == 1 && !p.needsSlab) {
+		return fmt.Errorf("%d compactions; needed a slab: %v", compactions, p.needsSlab)
 	}
 	return nil
 }

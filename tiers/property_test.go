@@ -125,7 +125,7 @@ func runProp(t *testing.T, pc propCase, seed uint64) {
 	var pending []*mblock      // reservations held by "the test client"
 	var holds []*mblock        // one entry per lease
 	var nonce uint64
-	var lastEvictions uint64
+	var lastEvictions, lastCompactions uint64
 	counts := map[string]int{}
 
 	randKey := func() Key {
@@ -193,7 +193,11 @@ func runProp(t *testing.T, pc propCase, seed uint64) {
 			op = "reserve"
 			k := randKey()
 			size := pc.sizes[k.NS]
+			pre := capturePressure(h, size)
 			hd, err := h.Reserve(k, size)
+			if err := checkPressure(h, pre, err); err != nil {
+				t.Fatalf("op %d: reserve of %d: %v", i, size, err)
+			}
 			_, exists := model[k]
 			switch {
 			case exists:
@@ -363,6 +367,20 @@ func runProp(t *testing.T, pc propCase, seed uint64) {
 		}
 		counts[op]++
 		syncEvictions(op, rc)
+		if st := h.Stats(); st.Compactions != lastCompactions {
+			if rc == nil {
+				t.Fatalf("op %d: %s compacted; only a Reserve that needs a slab may", i, op)
+			}
+			counts["compacting reserves"]++
+			lastCompactions = st.Compactions
+			for _, b := range model { // moved blocks kept their bytes
+				if b.state == stateCommitted {
+					if err := checkPattern(arena, b.hd, b.nonce); err != nil {
+						t.Fatalf("op %d: after compaction: %v", i, err)
+					}
+				}
+			}
+		}
 		if err := checkHost(h); err != nil {
 			t.Fatalf("op %d (%s): invariant: %v", i, op, err)
 		}
@@ -406,6 +424,12 @@ func runProp(t *testing.T, pc propCase, seed uint64) {
 	}
 	if counts["evictions"] == 0 {
 		t.Errorf("case never evicted; it does not exercise pressure")
+	}
+	if len(pc.sizes) > 1 && st.Compactions == 0 {
+		t.Errorf("multi-class case never compacted; it does not exercise compaction")
+	}
+	if len(pc.sizes) == 1 && st.Compactions != 0 {
+		t.Errorf("one-class case compacted %d times; compaction cannot help a single class", st.Compactions)
 	}
 	t.Logf("ops %v; compactions %d moved %d", counts, st.Compactions, st.CompactedBlocks)
 }

@@ -60,6 +60,10 @@ type Options struct {
 	// the development machine, cuts Put throughput several-fold (see
 	// BenchmarkOptionSets).
 	SyncWrites bool
+	// Unevictable, if set, marks keys the budget never evicts (parked
+	// requests): they leave only by Delete. When they fill the budget, Put
+	// fails with ErrNoSpace instead.
+	Unevictable func(Key) bool
 	// GCInterval is the period of the background maintenance loop
 	// (value-log GC, LSM flush of pending deletions, disk measurement).
 	// Zero means 10s. Large deletions also wake the loop immediately.
@@ -529,7 +533,7 @@ func (s *Store) pickVictimsLocked(over int64, exclude Key, held int) []victim {
 	for i := s.idx.tail; i != nilIdx && over > 0 && len(vs) < maxVictimsPerPut; {
 		e := s.idx.ents[i]
 		prev := e.prev
-		if e.key != exclude {
+		if e.key != exclude && (s.opts.Unevictable == nil || !s.opts.Unevictable(e.key)) {
 			st := stripeOf(e.key)
 			ok := st == held || locked[st]
 			if !ok && s.stripes[st].TryLock() {
