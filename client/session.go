@@ -157,13 +157,17 @@ func (l *Lease) Release() error {
 // no-op) or when the tier was full for it, in which case err is ErrFull and
 // the other reservations are still valid.
 func (s *Session) ReserveBatch(ctx context.Context, hashes []Hash) ([]*Reservation, error) {
+	return s.reserveBatch(ctx, hashes, 0)
+}
+
+func (s *Session) reserveBatch(ctx context.Context, hashes []Hash, flags uint8) ([]*Reservation, error) {
 	cn, err := s.conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	es := make([]shm.SQE, len(hashes))
 	for i, h := range hashes {
-		es[i] = shm.SQE{Op: shm.OpReserve, Hash: h}
+		es[i] = shm.SQE{Op: shm.OpReserve, Flags: flags, Hash: h}
 	}
 	out := make([]shm.CQE, len(hashes))
 	if err := cn.submit(ctx, es, out); err != nil {
@@ -260,13 +264,17 @@ func finishBatch(ctx context.Context, rs []*Reservation, op shm.Op) error {
 // AcquireBatch leases cached blocks with one doorbell; ls[i] is nil on a
 // miss.
 func (s *Session) AcquireBatch(ctx context.Context, hashes []Hash) ([]*Lease, error) {
+	return s.acquireBatch(ctx, hashes, 0)
+}
+
+func (s *Session) acquireBatch(ctx context.Context, hashes []Hash, flags uint8) ([]*Lease, error) {
 	cn, err := s.conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	es := make([]shm.SQE, len(hashes))
 	for i, h := range hashes {
-		es[i] = shm.SQE{Op: shm.OpAcquire, Hash: h}
+		es[i] = shm.SQE{Op: shm.OpAcquire, Flags: flags, Hash: h}
 	}
 	out := make([]shm.CQE, len(hashes))
 	if err := cn.submit(ctx, es, out); err != nil {
@@ -395,13 +403,17 @@ func (s *Session) Get(ctx context.Context, h Hash, dst []byte) error {
 // DeleteBatch removes blocks (leased ones go when released) and returns how
 // many were present.
 func (s *Session) DeleteBatch(ctx context.Context, hashes []Hash) (int, error) {
+	return s.deleteBatch(ctx, hashes, 0)
+}
+
+func (s *Session) deleteBatch(ctx context.Context, hashes []Hash, flags uint8) (int, error) {
 	cn, err := s.conn(ctx)
 	if err != nil {
 		return 0, err
 	}
 	es := make([]shm.SQE, len(hashes))
 	for i, h := range hashes {
-		es[i] = shm.SQE{Op: shm.OpDelete, Hash: h}
+		es[i] = shm.SQE{Op: shm.OpDelete, Flags: flags, Hash: h}
 	}
 	out := make([]shm.CQE, len(hashes))
 	if err := cn.submit(ctx, es, out); err != nil {
@@ -511,4 +523,92 @@ func (s *Session) Nop(ctx context.Context) error {
 	}
 	var out [1]shm.CQE
 	return cn.submit(ctx, []shm.SQE{{Op: shm.OpNop}}, out[:])
+}
+
+// parkHashes names the blocks of a parked request: they are addressed by
+// request id and index, not by prefix.
+func parkHashes(requestID uint64, n int) []Hash {
+	hs := make([]Hash, n)
+	for i := range hs {
+		hs[i] = Hash{Hi: requestID, Lo: uint64(i)}
+	}
+	return hs
+}
+
+// ErrParked: Park of a request id that is already parked.
+var ErrParked = errors.New("kvtier: request already parked")
+
+// Park swaps out the KV blocks of a paused request under requestID, in one
+// batched call. Parked blocks are private to the request (no prefix
+// sharing): only Resume and Unpark with the same id reach them. The daemon
+// writes them through to NVMe and drops them from host memory; they are kept
+// until resumed, unparked or the daemon's park TTL, and never dropped for
+// space while the disk has room.
+func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) error {
+	for _, b := range blocks {
+		if uint64(len(b)) != s.ns.BlockBytes {
+			return fmt.Errorf("park: %w (%d, want %d)", ErrBlockSize, len(b), s.ns.BlockBytes)
+		}
+	}
+	rs, err := s.reserveBatch(ctx, parkHashes(requestID, len(blocks)), shm.SQEFlagParked)
+	if rs == nil {
+		return fmt.Errorf("park request %d: %w", requestID, err)
+	}
+	for i, r := range rs {
+		if r == nil && err == nil {
+			err = ErrParked
+		}
+		if r != nil {
+			copy(r.buf, blocks[i])
+		}
+	}
+	if err != nil {
+		s.AbortBatch(ctx, rs)
+		return fmt.Errorf("park request %d: %w", requestID, err)
+	}
+	if err := s.CommitBatch(ctx, rs); err != nil {
+		return fmt.Errorf("park request %d: %w", requestID, err)
+	}
+	return nil
+}
+
+// Resume copies the blocks of a parked request back into dsts (one batched
+// call; blocks swapped out to NVMe are promoted first) and releases them.
+// ErrNotFound if any block is gone (TTL, or never parked); then nothing is
+// released.
+func (s *Session) Resume(ctx context.Context, requestID uint64, dsts [][]byte) error {
+	for _, b := range dsts {
+		if uint64(len(b)) != s.ns.BlockBytes {
+			return fmt.Errorf("resume: %w (%d, want %d)", ErrBlockSize, len(b), s.ns.BlockBytes)
+		}
+	}
+	hs := parkHashes(requestID, len(dsts))
+	ls, err := s.acquireBatch(ctx, hs, shm.SQEFlagParked)
+	if err != nil {
+		return fmt.Errorf("resume request %d: %w", requestID, err)
+	}
+	missing := 0
+	for i, l := range ls {
+		if l == nil {
+			missing++
+			continue
+		}
+		copy(dsts[i], l.buf)
+	}
+	if err := s.ReleaseBatch(ls); err != nil {
+		return fmt.Errorf("resume request %d: %w", requestID, err)
+	}
+	if missing > 0 {
+		return fmt.Errorf("resume request %d: %d of %d blocks: %w", requestID, missing, len(dsts), ErrNotFound)
+	}
+	if _, err := s.deleteBatch(ctx, hs, shm.SQEFlagParked); err != nil {
+		return fmt.Errorf("resume request %d: release: %w", requestID, err)
+	}
+	return nil
+}
+
+// Unpark drops the n blocks of a parked request without reading them and
+// returns how many were there.
+func (s *Session) Unpark(ctx context.Context, requestID uint64, n int) (int, error) {
+	return s.deleteBatch(ctx, parkHashes(requestID, n), shm.SQEFlagParked)
 }

@@ -3,6 +3,7 @@ package itest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -16,15 +17,6 @@ func withNVMe(c *daemon.Config) {
 	c.NVMe.Enabled = true
 	c.NVMe.Capacity = 256 << 20
 	c.NVMe.FlushOnStop = true
-}
-
-func tierStats(st *client.Stats, name string) (ts client.Stats, ok bool) {
-	for _, t := range st.Tiers {
-		if t.Name == name {
-			return *st, true
-		}
-	}
-	return client.Stats{}, false
 }
 
 func hostUsed(st *client.Stats) (used, capacity int64) {
@@ -166,5 +158,113 @@ func TestTieringDeleteReachesNVMe(t *testing.T) {
 	}
 	if err := s.Get(ctx, hs[0], make([]byte, bs)); err != client.ErrNotFound {
 		t.Fatalf("get after delete: %v, want ErrNotFound", err)
+	}
+}
+
+func parkedBlocks(t testing.TB, c *client.Client) int { return stats(t, c).ParkedBlocks }
+
+// TestParkResume parks a paused request, floods the cache with three times
+// the host tier and more than the NVMe budget of ordinary blocks, and
+// resumes the request byte-exact: parked blocks are swapped out to NVMe
+// and never dropped for space.
+func TestParkResume(t *testing.T) {
+	const bs = 1 << 20
+	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
+		withNVMe(c)
+		c.NVMe.Capacity = 64 << 20 // the minimum: ordinary blocks must be evicted
+	})
+	ctx := context.Background()
+	c := dial(t, ip.cfg.Socket)
+	defer c.Close()
+	s := open(t, c, testNS("park", bs))
+	defer s.Close()
+
+	const req, n = 4242, 12
+	blocks := make([][]byte, n)
+	for i := range blocks {
+		blocks[i] = payload(client.Hash{Hi: req, Lo: uint64(i) + 1000}, bs)
+	}
+	if err := s.Park(ctx, req, blocks); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Park(ctx, req, blocks); !errors.Is(err, client.ErrParked) {
+		t.Fatalf("second park: %v, want ErrParked", err)
+	}
+	// Swap-out: the parked blocks leave host memory once written through.
+	if _, _, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
+		used, _ := hostUsed(st)
+		return st.ParkedBlocks == n && used == 0
+	}); !ok {
+		t.Fatalf("parked blocks not swapped out: %+v", stats(t, c).Tiers)
+	}
+	// Parked blocks are not visible as prefix blocks.
+	if res, err := s.Lookup(ctx, []client.Hash{{Hi: req, Lo: 0}}); err != nil || res.Hits != 0 {
+		t.Fatalf("lookup of a parked key: %+v %v", res, err)
+	}
+	hs := chain(11, 160) // 160 MiB of ordinary blocks through a 32 MiB host and 64 MiB disk
+	for _, h := range hs {
+		if _, err := s.Put(ctx, h, payload(h, bs)); err != nil {
+			t.Fatal(err)
+		}
+		waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
+			used, capacity := hostUsed(st)
+			return float64(used) <= 0.95*float64(capacity)
+		})
+	}
+	var nvmeEvictions uint64
+	for _, tr := range stats(t, c).Tiers {
+		if tr.Name == "nvme" {
+			nvmeEvictions = tr.Evictions
+		}
+	}
+	if nvmeEvictions == 0 {
+		t.Fatalf("the flood did not pressure the NVMe budget")
+	}
+	dsts := make([][]byte, n)
+	for i := range dsts {
+		dsts[i] = make([]byte, bs)
+	}
+	if err := s.Resume(ctx, req, dsts); err != nil {
+		t.Fatalf("resume after %d nvme evictions: %v", nvmeEvictions, err)
+	}
+	for i := range dsts {
+		if !bytes.Equal(dsts[i], blocks[i]) {
+			t.Fatalf("resumed block %d differs", i)
+		}
+	}
+	if got := parkedBlocks(t, c); got != 0 {
+		t.Fatalf("%d parked blocks left after resume", got)
+	}
+	if err := s.Resume(ctx, req, dsts); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("second resume: %v, want ErrNotFound", err)
+	}
+}
+
+// TestParkTTL: a parked request nobody resumes expires.
+func TestParkTTL(t *testing.T) {
+	const bs = 64 << 10
+	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
+		withNVMe(c)
+		c.NVMe.ParkTTLSeconds = 1
+	})
+	ctx := context.Background()
+	c := dial(t, ip.cfg.Socket)
+	defer c.Close()
+	s := open(t, c, testNS("park-ttl", bs))
+	defer s.Close()
+	blocks := [][]byte{make([]byte, bs), make([]byte, bs)}
+	if err := s.Park(ctx, 7, blocks); err != nil {
+		t.Fatal(err)
+	}
+	if _, waited, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool { return st.ParkedBlocks == 0 }); !ok {
+		t.Fatal("parked blocks did not expire")
+	} else {
+		t.Logf("expired after %v", waited)
+	}
+	if err := s.Resume(ctx, 7, blocks); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("resume after TTL: %v, want ErrNotFound", err)
+	}
+	if n, err := s.Unpark(ctx, 8, 2); err != nil || n != 0 {
+		t.Fatalf("unpark of an unknown request: %d %v", n, err)
 	}
 }
