@@ -127,12 +127,15 @@ func (r *Reservation) finish(ctx context.Context, op shm.Op) error {
 
 // Lease pins a cached block for reading until Release.
 type Lease struct {
-	Hash  Hash
-	Tier  Tier
-	cn    *conn
-	token uint64
-	buf   []byte
-	done  atomic.Bool
+	Hash Hash
+	// Tier is where the leased slot lives; Promoted says the block was
+	// swapped in from a slower tier to serve this lease.
+	Tier     Tier
+	Promoted bool
+	cn       *conn
+	token    uint64
+	buf      []byte
+	done     atomic.Bool
 }
 
 // Bytes is the block (read-only by contract: other readers share it).
@@ -290,7 +293,8 @@ func (s *Session) acquireBatch(ctx context.Context, hashes []Hash, flags uint8) 
 				return nil, err
 			}
 			cn.ref()
-			ls[i] = &Lease{Hash: hashes[i], Tier: out[i].Tier, cn: cn, token: out[i].Value, buf: buf}
+			ls[i] = &Lease{Hash: hashes[i], Tier: out[i].Tier, Promoted: out[i].Flags&shm.CQEFlagPromoted != 0,
+				cn: cn, token: out[i].Value, buf: buf}
 		case shm.StatusNotFound:
 		default:
 			for _, l := range ls {
