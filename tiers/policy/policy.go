@@ -39,6 +39,8 @@
 //   - Chain: the default: LRU over the leaves of the resident prefix tree,
 //     orphans refused and evicted first; see its type comment.
 //   - Hyper: hyperbolic caching over the same leaves (a candidate).
+//   - Density: least hit density over the same leaves, reuse statistics
+//     learned online from a keys-only history (a candidate).
 //   - Belady: the offline optimum (MIN), simulator only, for the ceiling.
 //
 // New builds any of them by name.
@@ -99,12 +101,13 @@ type Policy interface {
 type Factory func(capacity int) Policy
 
 var factories = map[string]Factory{
-	"lru":    func(c int) Policy { return NewLRU() },
-	"lru2":   func(c int) Policy { return NewLRU2(c) },
-	"arc":    func(c int) Policy { return NewARC(c) },
-	"s3fifo": func(c int) Policy { return NewS3FIFO(c) },
-	"chain":  func(c int) Policy { return NewChain(c) },
-	"hyper":  func(c int) Policy { return NewHyper() },
+	"lru":     func(c int) Policy { return NewLRU() },
+	"lru2":    func(c int) Policy { return NewLRU2(c) },
+	"arc":     func(c int) Policy { return NewARC(c) },
+	"s3fifo":  func(c int) Policy { return NewS3FIFO(c) },
+	"chain":   func(c int) Policy { return NewChain(c) },
+	"hyper":   func(c int) Policy { return NewHyper() },
+	"density": func(c int) Policy { return NewDensity(c) },
 }
 
 // Default is the name of the default policy.
