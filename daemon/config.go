@@ -18,6 +18,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers/policy"
 )
 
 // Config is the daemon's effective configuration: embedded defaults, then a
@@ -81,6 +82,8 @@ type HostConfig struct {
 	// coldest blocks to NVMe until the tier is at LowWatermark.
 	HighWatermark float64 `toml:"high_watermark"`
 	LowWatermark  float64 `toml:"low_watermark"`
+	// Policy picks the blocks the mover demotes (see tiers/policy).
+	Policy string `toml:"policy"`
 }
 
 // SessionConfig sizes per-session shared memory and the ring loop.
@@ -189,7 +192,8 @@ func (e env) base() Config {
 	c := Config{
 		Log:  LogConfig{Level: "info", Format: "text"},
 		Auth: AuthConfig{UIDs: []uint32{uint32(euid)}},
-		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true, HighWatermark: 0.95, LowWatermark: 0.85},
+		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true, HighWatermark: 0.95, LowWatermark: 0.85,
+			Policy: policy.Default},
 		NVMe: NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 		Session: SessionConfig{
 			RingEntries: 1024,
@@ -352,6 +356,9 @@ func (c *Config) Validate() error {
 		bad("host.capacity", "must be a multiple of host.slab_bytes (%v) and at least two slabs, got %v", c.Host.SlabBytes, c.Host.Capacity)
 	}
 
+	if !slices.Contains(policy.Names(), c.Host.Policy) {
+		bad("host.policy", "must be one of %v, got %q", policy.Names(), c.Host.Policy)
+	}
 	if w := c.Host.HighWatermark; !(w > 0 && w <= 1) {
 		bad("host.high_watermark", "must be in (0, 1], got %v", w)
 	}

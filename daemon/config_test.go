@@ -68,7 +68,7 @@ func TestConfigDefaults(t *testing.T) {
 				Log:  LogConfig{Level: "info", Format: "text"},
 				Auth: AuthConfig{UIDs: tt.uids},
 				Host: HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true,
-					HighWatermark: 0.95, LowWatermark: 0.85},
+					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "chain"},
 				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
 				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 			}
@@ -139,7 +139,7 @@ capacity = "1GiB"
 		Auth:   AuthConfig{UIDs: []uint32{42}, GIDs: []uint32{7, 8}},
 		// Capacity derived with the file's slab size: 64GiB is a multiple of 1GiB.
 		Host: HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false,
-			HighWatermark: 0.95, LowWatermark: 0.85},
+			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "chain"},
 		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
 		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, ParkTTLSeconds: 3600},
 	}
@@ -378,5 +378,30 @@ func TestNewLogger(t *testing.T) {
 	LogConfig{Level: "warn", Format: "json"}.NewLogger(&sb).Warn("shown")
 	if s := sb.String(); strings.Contains(s, "hidden") || !strings.Contains(s, `"msg":"shown"`) {
 		t.Errorf("log output %q", s)
+	}
+}
+
+func TestConfigTieringValidation(t *testing.T) {
+	tests := []struct {
+		name, toml, field string
+	}{
+		{"unknown policy", "[host]\npolicy = \"mru\"\n", "host.policy"},
+		{"high watermark above 1", "[host]\nhigh_watermark = 1.5\n", "host.high_watermark"},
+		{"low not below high", "[host]\nhigh_watermark = 0.8\nlow_watermark = 0.8\n", "host.low_watermark"},
+		{"tiny nvme budget", "[nvme]\ncapacity = \"1MiB\"\n", "nvme.capacity"},
+		{"park ttl zero", "[nvme]\npark_ttl_s = 0\n", "nvme.park_ttl_s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := fakeEnv(1000, nil, bigMem).load(writeTOML(t, tt.toml), nil)
+			if err == nil || !strings.Contains(err.Error(), tt.field+":") {
+				t.Fatalf("err = %v, want one naming %s", err, tt.field)
+			}
+		})
+	}
+	for _, name := range []string{"lru", "chain", "density"} {
+		if _, err := fakeEnv(1000, nil, bigMem).load(writeTOML(t, "[host]\npolicy = \""+name+"\"\n"), nil); err != nil {
+			t.Errorf("policy %s refused: %v", name, err)
+		}
 	}
 }

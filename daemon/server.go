@@ -106,10 +106,15 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	} else {
 		log.Info("nvme tier disabled by configuration")
 	}
-	d.chain = tiers.NewChain(d.host, d.nvme, tiers.ChainConfig{
+	d.chain, err = tiers.NewChain(d.host, d.nvme, tiers.ChainConfig{
 		HighWatermark: cfg.Host.HighWatermark, LowWatermark: cfg.Host.LowWatermark, Logger: log,
 		ParkTTL: time.Duration(cfg.NVMe.ParkTTLSeconds) * time.Second,
+		Policy:  cfg.Host.Policy,
 	})
+	if err != nil {
+		return nil, fmt.Errorf("tier chain: %w", err)
+	}
+	log.Info("replacement policy", "name", d.chain.PolicyName())
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
 	if d.ln, err = listen(cfg.RuntimeDir, cfg.Socket); err != nil {
@@ -453,6 +458,21 @@ func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
 		d.log.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
 		b, _ := json.Marshal(map[string]int{"evicted": n})
 		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgEvictReply, shm.ProtocolVersion, b))
+	case shm.MsgFlushReq:
+		if len(payload) != 0 {
+			return fmt.Errorf("%w: flush request with %d payload bytes", shm.ErrMalformed, len(payload))
+		}
+		t0 := time.Now()
+		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		n, ferr := d.chain.Flush(fctx)
+		cancel()
+		d.log.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
+		reply := map[string]any{"blocks": n}
+		if ferr != nil {
+			reply["error"] = ferr.Error() // partial: n blocks went down before it
+		}
+		b, _ := json.Marshal(reply)
+		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgFlushReply, shm.ProtocolVersion, b))
 	default:
 		return fmt.Errorf("%w: unexpected message type %d", shm.ErrMalformed, t)
 	}

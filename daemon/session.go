@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/policy"
 )
 
 // sleepBound caps each futex sleep of the ring loop so a stop request or a
@@ -53,7 +54,13 @@ type session struct {
 	// space, so a mover's send never blocks.
 	deferred    chan deferredCQE
 	outstanding int
+	// pending maps the blocks the last lookup missed to their place in its
+	// chain, for the replacement policy when they are put.
+	pending map[tiers.Key]policy.AccessInfo
 }
+
+// maxPendingInfo bounds the per-session memory of a lookup's misses.
+const maxPendingInfo = 4096
 
 // deferredCQE is a completion produced off the ring loop.
 type deferredCQE struct {
@@ -122,6 +129,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
 		stopCh: make(chan struct{}), res: map[uint64]*tiers.Handle{}, leases: map[uint64]*tiers.Handle{},
 		deferred: make(chan deferredCQE, layout.Entries),
+		pending:  map[tiers.Key]policy.AccessInfo{},
 	}
 	w := shm.Welcome{
 		SessionID: id, NamespaceID: nsID, BlockBytes: h.Namespace.BlockBytes,
@@ -346,6 +354,10 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		h, err := chain.Reserve(key, s.block)
 		switch {
 		case errors.Is(err, tiers.ErrExists):
+			// Referenced again (resident past the lookup's first miss).
+			if a, ok := s.pending[key]; ok {
+				chain.Accessed(key, a)
+			}
 			c.Status = shm.StatusExists
 		case errors.Is(err, tiers.ErrFull):
 			c.Status = shm.StatusFull
@@ -367,8 +379,13 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		var err error
 		if e.Op == shm.OpCommit {
 			err = host.Commit(h)
-			if err == nil && h.Key.Parked() {
+			switch {
+			case err != nil:
+			case h.Key.Parked():
 				chain.Park(h.Key)
+			default:
+				chain.Inserted(h.Key, s.pending[h.Key])
+				delete(s.pending, h.Key)
 			}
 			chain.Committed()
 		} else {
@@ -431,7 +448,16 @@ func (s *session) lookup(e *shm.SQE, c *shm.CQE) error {
 		keys[i] = tiers.Key{NS: s.nsID, Hash: shm.DecodeHash(src[i*shm.LookupKeySize:])}
 	}
 	clear(out)
-	hits := s.d.chain.Lookup(keys, out)
+	hits, req := s.d.chain.Lookup(keys, out)
+	// Remember where the missing blocks sit in this chain: the client puts
+	// them next, and the policy wants their place when they are committed.
+	clear(s.pending)
+	if hits < n {
+		now := time.Now().UnixMilli()
+		for i := hits; i < n && i < hits+maxPendingInfo; i++ {
+			s.pending[keys[i]] = tiers.ChainInfo(keys, i, req, now)
+		}
+	}
 	dst := s.data[rr[0]:rr[1]]
 	for i := range dst {
 		dst[i] = byte(out[i])

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers/nvme"
+	"github.com/kvtier/kvtier/tiers/policy"
 )
 
 // ChainConfig tunes movement between the host tier and the NVMe tier.
@@ -27,7 +28,11 @@ type ChainConfig struct {
 	// ParkTTL bounds how long a parked request is kept without being
 	// resumed or released.
 	ParkTTL time.Duration
-	Logger  *slog.Logger
+	// Policy picks which host blocks the mover demotes (a tiers/policy
+	// name; default policy.Default). The host tier's own LRU eviction stays
+	// the backstop when the mover falls behind.
+	Policy string
+	Logger *slog.Logger
 }
 
 // ParkedNS is set in the namespace of parked blocks: the KV of a paused
@@ -59,6 +64,17 @@ type Chain struct {
 	parked map[Key]time.Time
 	parkCh chan *Handle
 
+	// The replacement policy sees the host tier through events (insert,
+	// access, remove) applied by policyLoop, so ring loops never wait on
+	// it; events are dropped (counted) when the queue is full, and stale
+	// policy state heals when a victim turns out to be gone. polKeys
+	// guards the policy against duplicate inserts and unknown removals.
+	pmu     sync.Mutex
+	pol     policy.Policy
+	polKeys map[policy.Key]struct{}
+	polCh   chan polEvent
+	lookups atomic.Uint64
+
 	// demoteMu serializes demotion passes (the demoter and promotion
 	// workers making room) so they do not pin the same cold blocks.
 	demoteMu sync.Mutex
@@ -71,6 +87,7 @@ type Chain struct {
 	demoteErrors, promoteErrs atomic.Uint64
 	prefetches, prefetchDrops atomic.Uint64
 	parkErrors, parkExpired   atomic.Uint64
+	polDrops                  atomic.Uint64
 	swapInNanos, swapOutNanos atomic.Uint64
 }
 
@@ -83,8 +100,26 @@ type promotion struct {
 	waiters []func(*Handle, error)
 }
 
+type polOp uint8
+
+const (
+	polInsert polOp = iota
+	polAccess
+	polRemove
+)
+
+type polEvent struct {
+	op polOp
+	k  policy.Key
+	a  policy.AccessInfo
+}
+
+func pk(k Key) policy.Key { return policy.Key{NS: k.NS, Hi: k.Hash.Hi, Lo: k.Hash.Lo} }
+
+func fromPK(k policy.Key) Key { return Key{NS: k.NS, Hash: shm.Hash{Hi: k.Hi, Lo: k.Lo}} }
+
 // NewChain ties host and (optionally) nvme together. Start runs the mover.
-func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) *Chain {
+func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 	if cfg.HighWatermark <= 0 || cfg.HighWatermark > 1 {
 		cfg.HighWatermark = 0.95
 	}
@@ -103,14 +138,129 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) *Chain {
 	if cfg.ParkTTL <= 0 {
 		cfg.ParkTTL = time.Hour
 	}
-	return &Chain{
+	if cfg.Policy == "" {
+		cfg.Policy = policy.Default
+	}
+	_, capacity := host.Usage()
+	// The policy's size hint, in blocks: KV blocks are rarely below 1 MiB.
+	pol, err := policy.New(cfg.Policy, int(max(capacity>>20, 1024)))
+	if err != nil {
+		return nil, err
+	}
+	c := &Chain{
 		Host: host, NVMe: store, cfg: cfg, log: cfg.Logger,
 		promoCh:  make(chan *promotion, cfg.PromoteQueue),
 		kick:     make(chan struct{}, 1),
 		inflight: map[Key]*promotion{},
 		parked:   map[Key]time.Time{},
 		parkCh:   make(chan *Handle, 4096),
+		pol:      pol,
+		polKeys:  map[policy.Key]struct{}{},
+		polCh:    make(chan polEvent, 1<<16),
 	}
+	host.SetOnRemove(func(k Key) { c.note(polEvent{op: polRemove, k: pk(k)}) })
+	return c, nil
+}
+
+// PolicyName is the replacement policy in use.
+func (c *Chain) PolicyName() string { return c.pol.Name() }
+
+func (c *Chain) note(ev polEvent) {
+	if c.NVMe == nil {
+		return // nothing to demote to: the policy would never be asked
+	}
+	select {
+	case c.polCh <- ev:
+	default:
+		c.polDrops.Add(1)
+	}
+}
+
+// Inserted tells the policy a block was committed to the host tier. a
+// describes the block's place in the chain the client looked up, if known.
+func (c *Chain) Inserted(k Key, a policy.AccessInfo) {
+	c.note(polEvent{op: polInsert, k: pk(k), a: a})
+}
+
+// Accessed tells the policy a host-resident block was referenced.
+func (c *Chain) Accessed(k Key, a policy.AccessInfo) {
+	c.note(polEvent{op: polAccess, k: pk(k), a: a})
+}
+
+// policyLoop applies policy events in batches.
+func (c *Chain) policyLoop(ctx context.Context) {
+	for {
+		var ev polEvent
+		select {
+		case <-ctx.Done():
+			return
+		case ev = <-c.polCh:
+		}
+		c.pmu.Lock()
+		c.apply(ev)
+		for i := 0; i < 255; i++ {
+			select {
+			case ev = <-c.polCh:
+				c.apply(ev)
+				continue
+			default:
+			}
+			break
+		}
+		c.pmu.Unlock()
+	}
+}
+
+// apply runs one event; pmu held.
+func (c *Chain) apply(ev polEvent) {
+	_, known := c.polKeys[ev.k]
+	switch ev.op {
+	case polInsert:
+		if known {
+			c.pol.Access(ev.k, ev.a)
+		} else if c.pol.Admit(ev.k, ev.a) {
+			c.pol.Insert(ev.k, ev.a)
+			c.polKeys[ev.k] = struct{}{}
+		}
+	case polAccess:
+		if known {
+			c.pol.Access(ev.k, ev.a)
+		}
+	case polRemove:
+		if known {
+			c.pol.Remove(ev.k)
+			delete(c.polKeys, ev.k)
+		}
+	}
+}
+
+// pinVictims pins up to n host blocks the policy wants demoted, falling
+// back to the host tier's LRU order when the policy has none (blocks it
+// did not admit, or state lost to dropped events).
+func (c *Chain) pinVictims(n int) []*Handle {
+	var out []*Handle
+	for tries := 0; len(out) < n && tries < 4*n; tries++ {
+		c.pmu.Lock()
+		k, ok := c.pol.Victim()
+		if ok {
+			c.pol.Remove(k)
+			delete(c.polKeys, k)
+		}
+		c.pmu.Unlock()
+		if !ok {
+			break
+		}
+		if hd, ok := c.Host.PinUnleased(fromPK(k)); ok {
+			out = append(out, hd)
+		} else if c.Host.Contains(fromPK(k)) {
+			// Leased right now: it is in use, so keep tracking it.
+			c.note(polEvent{op: polInsert, k: k})
+		}
+	}
+	if len(out) == 0 {
+		out = c.Host.PinColdest(n, nil)
+	}
+	return out
 }
 
 // Start runs the demoter and the promotion workers until ctx ends; Wait
@@ -129,7 +279,11 @@ func (c *Chain) Start(ctx context.Context) {
 		return true
 	})
 	c.parkMu.Unlock()
-	c.wg.Add(3 + c.cfg.PromoteWorkers)
+	c.wg.Add(4 + c.cfg.PromoteWorkers)
+	go func() {
+		defer c.wg.Done()
+		c.policyLoop(ctx)
+	}()
 	go func() {
 		defer c.wg.Done()
 		c.demoteLoop(ctx)
@@ -179,10 +333,13 @@ func nk(k Key) nvme.Key { return nvme.Key{NS: k.NS, Hash: k.Hash} }
 func (c *Chain) inNVMe(k Key) bool { return c.NVMe != nil && c.NVMe.Contains(nk(k)) }
 
 // Lookup returns how many leading keys of chain are cached in any tier and
-// the tier of each. Blocks found only in NVMe are queued for promotion: a
-// lookup announces reads.
-func (c *Chain) Lookup(chain []Key, tiers []shm.Tier) int {
+// the tier of each, and the request number that ChainInfo uses for this
+// chain. Blocks found only in NVMe are queued for promotion: a lookup
+// announces reads.
+func (c *Chain) Lookup(chain []Key, tiers []shm.Tier) (hits int, req uint64) {
+	req = c.lookups.Add(1)
 	i := 0
+	defer func() { c.noteLookup(chain, tiers, i, req) }()
 	for i < len(chain) {
 		i += c.Host.Lookup(chain[i:], tiers[i:])
 		if i == len(chain) || !c.inNVMe(chain[i]) {
@@ -192,7 +349,7 @@ func (c *Chain) Lookup(chain []Key, tiers []shm.Tier) int {
 		c.prefetch(chain[i])
 		i++
 	}
-	return i
+	return i, req
 }
 
 // Reserve reserves a host slot for a new block; a block cached in any tier
@@ -202,6 +359,30 @@ func (c *Chain) Reserve(k Key, size int64) (*Handle, error) {
 		return nil, ErrExists
 	}
 	return c.Host.Reserve(k, size)
+}
+
+// noteLookup reports the host-resident blocks of a lookup's hit prefix to
+// the policy, with their place in the chain.
+func (c *Chain) noteLookup(chain []Key, tiers []shm.Tier, hits int, req uint64) {
+	if c.NVMe == nil {
+		return
+	}
+	now := time.Now().UnixMilli()
+	for i := 0; i < hits; i++ {
+		if tiers[i] != shm.TierHost {
+			continue
+		}
+		c.Accessed(chain[i], ChainInfo(chain, i, req, now))
+	}
+}
+
+// ChainInfo describes block i of a looked-up chain for the policy.
+func ChainInfo(chain []Key, i int, req uint64, nowMs int64) policy.AccessInfo {
+	a := policy.AccessInfo{Pos: i, ChainLen: len(chain), Request: req, TimeMs: nowMs, HasParent: i > 0}
+	if i > 0 {
+		a.Parent = pk(chain[i-1])
+	}
+	return a
 }
 
 // Exists reports whether key is cached in any tier (a Put of it is a no-op).
@@ -299,6 +480,7 @@ func (c *Chain) copyUp(p *promotion) error {
 	if err := c.Host.Commit(hd); err != nil {
 		return fmt.Errorf("%w: %v", ErrPromote, err)
 	}
+	c.Inserted(p.key, policy.AccessInfo{})
 	c.promoted.Add(1)
 	c.promotedBytes.Add(uint64(p.size))
 	c.swapInNanos.Add(uint64(time.Since(t0)))
@@ -385,7 +567,7 @@ func (c *Chain) makeRoom(n int64) {
 // demoteBatch moves up to n of the coldest host blocks down and returns how
 // many left the host tier.
 func (c *Chain) demoteBatch(n int) int {
-	hs := c.Host.PinColdest(n, nil)
+	hs := c.pinVictims(n)
 	moved := 0
 	for _, hd := range hs {
 		if c.writeDown(hd) {
@@ -396,6 +578,7 @@ func (c *Chain) demoteBatch(n int) int {
 			}
 		} else {
 			c.Host.Unpin(hd, false)
+			c.Inserted(hd.Key, policy.AccessInfo{}) // still resident: track it again
 		}
 	}
 	return moved

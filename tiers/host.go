@@ -214,6 +214,10 @@ func (q *slabHeap) Pop() any {
 
 // Host is the host tier's allocator and index. It is safe for concurrent use.
 type Host struct {
+	// onRemove, if set, is told (under mu) of every committed block that
+	// leaves the index, so a replacement policy can forget it.
+	onRemove func(Key)
+
 	mu        sync.Mutex
 	arena     []byte
 	slabBytes int64
@@ -538,6 +542,9 @@ func (h *Host) unindex(hd *Handle) {
 		delete(h.ns, hd.Key.NS)
 	}
 	h.committed--
+	if h.onRemove != nil {
+		h.onRemove(hd.Key)
+	}
 }
 
 func (h *Host) check(hd *Handle) error {

@@ -41,6 +41,27 @@ func (h *Host) PinColdest(n int, skip func(Key) bool) []*Handle {
 	return out
 }
 
+// SetOnRemove installs a callback run, under the tier's lock, whenever a
+// committed block leaves the index (eviction, deletion, demotion). It must
+// not call back into the Host.
+func (h *Host) SetOnRemove(fn func(Key)) {
+	h.mu.Lock()
+	h.onRemove = fn
+	h.mu.Unlock()
+}
+
+// PinUnleased pins the committed block for key if no reader holds it.
+func (h *Host) PinUnleased(key Key) (*Handle, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	hd := h.index[key]
+	if hd == nil || hd.state != stateCommitted || hd.leases > 0 {
+		return nil, false
+	}
+	h.pinLocked(hd)
+	return hd, true
+}
+
 // PinAll pins every committed block (for a write-down at shutdown).
 func (h *Host) PinAll() []*Handle {
 	h.mu.Lock()
