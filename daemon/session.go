@@ -231,7 +231,16 @@ func (s *session) teardown() {
 				s.d.host.Release(d.hd)
 			}
 		case <-deadline:
+			// A stalled disk: give up waiting, but keep draining in the
+			// background so late leases are released, not leaked.
 			s.log.Error("promotions still pending at session close", "count", s.outstanding)
+			go func(n int, ch <-chan deferredCQE, host *tiers.Host) {
+				for ; n > 0; n-- {
+					if d := <-ch; d.hd != nil {
+						host.Release(d.hd)
+					}
+				}
+			}(s.outstanding, s.deferred, s.d.host)
 			s.outstanding = 0
 		}
 	}

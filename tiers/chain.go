@@ -55,6 +55,9 @@ type Chain struct {
 
 	promoCh chan *promotion
 	kick    chan struct{}
+	// ioHook, if set (tests only, before Start), runs before every NVMe
+	// read ("get") and write ("put") of the mover, to simulate a slow disk.
+	ioHook func(op string, k Key)
 
 	mu       sync.Mutex
 	inflight map[Key]*promotion
@@ -385,9 +388,6 @@ func ChainInfo(chain []Key, i int, req uint64, nowMs int64) policy.AccessInfo {
 	return a
 }
 
-// Exists reports whether key is cached in any tier (a Put of it is a no-op).
-func (c *Chain) Exists(k Key) bool { return c.Host.Contains(k) || c.inNVMe(k) }
-
 // Acquire leases key in the host tier. If it is only in NVMe, Acquire
 // returns (nil, true) and calls done from a mover goroutine once the block
 // has been promoted and leased (or with an error); the caller must not
@@ -470,6 +470,9 @@ func (c *Chain) copyUp(p *promotion) error {
 	if err != nil {
 		c.promoteErrs.Add(1)
 		return fmt.Errorf("%w: reserve host slot: %v", ErrPromote, err)
+	}
+	if c.ioHook != nil {
+		c.ioHook("get", p.key)
 	}
 	n, err := c.NVMe.Get(nk(p.key), c.Host.Bytes(hd))
 	if err != nil || int64(n) != p.size {
@@ -590,6 +593,9 @@ func (c *Chain) writeDown(hd *Handle) bool {
 		return true // clean copy already below
 	}
 	t0 := time.Now()
+	if c.ioHook != nil {
+		c.ioHook("put", hd.Key)
+	}
 	if err := c.NVMe.Put(nk(hd.Key), c.Host.Bytes(hd)); err != nil {
 		c.demoteErrors.Add(1)
 		c.log.Warn("demotion to nvme failed", "block", hd.Key.Hash, "err", err)
