@@ -280,3 +280,26 @@ func (c *Client) Evict(ctx context.Context, namespaceID uint32, all bool) (int, 
 	}
 	return r.Evicted, nil
 }
+
+// Flush asks the daemon to write every host-tier block that has no copy in
+// NVMe down to NVMe (the host tier keeps its copies) and returns how many
+// blocks it wrote. Without an NVMe tier it writes nothing and returns 0. The
+// daemon bounds the write-down; if it stops early, Flush returns the blocks
+// written so far with an error.
+func (c *Client) Flush(ctx context.Context) (int, error) {
+	p, err := c.adminCall(ctx, shm.MsgFlushReq, nil, shm.MsgFlushReply)
+	if err != nil {
+		return 0, fmt.Errorf("flush: %w", err)
+	}
+	var r struct {
+		Blocks int    `json:"blocks"`
+		Error  string `json:"error"`
+	}
+	if err := json.Unmarshal(p, &r); err != nil {
+		return 0, fmt.Errorf("flush: decode reply: %w", err)
+	}
+	if r.Error != "" {
+		return r.Blocks, fmt.Errorf("flush: stopped after %d blocks: %s", r.Blocks, r.Error)
+	}
+	return r.Blocks, nil
+}

@@ -39,6 +39,10 @@ const (
 	MsgStatsReply MsgType = 5
 	MsgEvictReq   MsgType = 6
 	MsgEvictReply MsgType = 7
+	// MsgFlushReq (no payload) asks the daemon to write the host tier down
+	// to NVMe; MsgFlushReply carries JSON {"blocks": n}.
+	MsgFlushReq   MsgType = 8
+	MsgFlushReply MsgType = 9
 )
 
 // ErrMalformed is wrapped by every decoding error.

@@ -1,9 +1,13 @@
 // Command kvtierctl is the operator CLI of kvtierd: it shows the daemon's
-// status, evicts blocks, and benchmarks the daemon's data path against the
-// machine's own memcpy bandwidth measured in the same run.
+// status (once, or live with top), evicts blocks, writes the host tier down
+// to NVMe, plans KV-cache capacity, and benchmarks the daemon's data path
+// against the machine's own memcpy bandwidth measured in the same run.
 //
 //	kvtierctl status [--json]
 //	kvtierctl evict --namespace 3 | --all
+//	kvtierctl flush
+//	kvtierctl top [--interval 1s] [--once]
+//	kvtierctl plan --model llama-3-8b | --hf-config config.json --concurrency 64 --avg-context 8192 ...
 //	kvtierctl bench [--mode putget|mix|lookup|lookup-batch|nop] [--block-size 2MiB] ...
 //
 // It talks to the daemon only through the client library, like any engine
@@ -60,7 +64,8 @@ func newRootCmd() *cobra.Command {
 	pf.StringVar(&g.socket, "socket", shm.DefaultSocket(), "kvtierd control socket; $KVTIER_SOCKET sets the default")
 	pf.BoolVar(&g.json, "json", false, "print machine-readable JSON")
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on each control call (connect, stats, evict); bench adds it to its run time")
-	root.AddCommand(newStatusCmd(g), newEvictCmd(g), newBenchCmd(g))
+	root.AddCommand(newStatusCmd(g), newEvictCmd(g), newBenchCmd(g), newReplayCmd(g),
+		newPlanCmd(g), newTopCmd(g), newFlushCmd(g))
 	return root
 }
 

@@ -1,0 +1,521 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+)
+
+// modelSpec is the part of a model's architecture that sizes its KV cache.
+// A model with KVLoraRank > 0 uses multi-head latent attention (MLA): per
+// token and layer it caches one compressed latent of KVLoraRank +
+// QKRopeHeadDim elements instead of per-head K and V.
+type modelSpec struct {
+	Name          string `json:"name"`
+	Layers        int    `json:"layers"`
+	KVHeads       int    `json:"kv_heads,omitempty"`
+	HeadDim       int    `json:"head_dim,omitempty"`
+	KVLoraRank    int    `json:"kv_lora_rank,omitempty"`
+	QKRopeHeadDim int    `json:"qk_rope_head_dim,omitempty"`
+}
+
+func (m modelSpec) mla() bool { return m.KVLoraRank > 0 }
+
+// modelPresets are popular models, from their Hugging Face config.json.
+var modelPresets = map[string]modelSpec{
+	"llama-3-8b":   {Layers: 32, KVHeads: 8, HeadDim: 128},
+	"llama-3-70b":  {Layers: 80, KVHeads: 8, HeadDim: 128},
+	"qwen2.5-7b":   {Layers: 28, KVHeads: 4, HeadDim: 128},
+	"mistral-7b":   {Layers: 32, KVHeads: 8, HeadDim: 128},
+	"mixtral-8x7b": {Layers: 32, KVHeads: 8, HeadDim: 128},
+	"deepseek-v3":  {Layers: 61, KVLoraRank: 512, QKRopeHeadDim: 64},
+	"gemma-2-9b":   {Layers: 42, KVHeads: 8, HeadDim: 256},
+}
+
+func presetNames() []string {
+	names := make([]string, 0, len(modelPresets))
+	for n := range modelPresets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func presetModel(name string) (modelSpec, error) {
+	m, ok := modelPresets[strings.ToLower(name)]
+	if !ok {
+		return modelSpec{}, fmt.Errorf("plan: unknown model %q (presets: %s; or give --hf-config)", name, strings.Join(presetNames(), ", "))
+	}
+	m.Name = strings.ToLower(name)
+	return m, nil
+}
+
+// hfConfig is the subset of a Hugging Face config.json that sizes the KV
+// cache. Pointers tell absent (or null) fields from zeros.
+type hfConfig struct {
+	NameOrPath        string `json:"_name_or_path"`
+	ModelType         string `json:"model_type"`
+	NumHiddenLayers   *int   `json:"num_hidden_layers"`
+	NumAttentionHeads *int   `json:"num_attention_heads"`
+	NumKeyValueHeads  *int   `json:"num_key_value_heads"`
+	HeadDim           *int   `json:"head_dim"`
+	HiddenSize        *int   `json:"hidden_size"`
+	KVLoraRank        *int   `json:"kv_lora_rank"`
+	QKRopeHeadDim     *int   `json:"qk_rope_head_dim"`
+	// Multimodal models (Llava, Gemma 3, ...) nest the language model.
+	TextConfig *hfConfig `json:"text_config"`
+}
+
+func val(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// parseHFConfig derives a modelSpec from the bytes of a config.json.
+func parseHFConfig(data []byte, name string) (modelSpec, error) {
+	var c hfConfig
+	if err := json.Unmarshal(data, &c); err != nil {
+		return modelSpec{}, fmt.Errorf("not a JSON object: %w", err)
+	}
+	if c.NumHiddenLayers == nil && c.TextConfig != nil {
+		tc := *c.TextConfig
+		if tc.NameOrPath == "" {
+			tc.NameOrPath = c.NameOrPath
+		}
+		c = tc
+	}
+	m := modelSpec{Name: name}
+	if c.NameOrPath != "" {
+		m.Name = c.NameOrPath
+	}
+	if m.Layers = val(c.NumHiddenLayers); m.Layers <= 0 {
+		return modelSpec{}, errors.New("num_hidden_layers: missing or not positive")
+	}
+	if lora := val(c.KVLoraRank); lora > 0 {
+		m.KVLoraRank = lora
+		if m.QKRopeHeadDim = val(c.QKRopeHeadDim); m.QKRopeHeadDim < 0 {
+			return modelSpec{}, errors.New("qk_rope_head_dim: negative")
+		}
+		return m, nil
+	}
+	heads := val(c.NumAttentionHeads)
+	m.KVHeads = val(c.NumKeyValueHeads)
+	if c.NumKeyValueHeads == nil {
+		m.KVHeads = heads // MHA: every attention head has its own K/V
+	}
+	if m.KVHeads <= 0 {
+		return modelSpec{}, errors.New("num_key_value_heads (or num_attention_heads): missing or not positive")
+	}
+	m.HeadDim = val(c.HeadDim)
+	if c.HeadDim == nil {
+		if heads <= 0 || val(c.HiddenSize) <= 0 {
+			return modelSpec{}, errors.New("head_dim: missing, and hidden_size / num_attention_heads cannot stand in for it")
+		}
+		if val(c.HiddenSize)%heads != 0 {
+			return modelSpec{}, fmt.Errorf("head_dim: missing, and hidden_size %d is not a multiple of num_attention_heads %d", val(c.HiddenSize), heads)
+		}
+		m.HeadDim = val(c.HiddenSize) / heads
+	}
+	if m.HeadDim <= 0 {
+		return modelSpec{}, errors.New("head_dim: not positive")
+	}
+	return m, nil
+}
+
+func loadHFConfig(path string) (modelSpec, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return modelSpec{}, fmt.Errorf("plan: %w", err)
+	}
+	// A config.json is named after its directory (the model's repo).
+	name := filepath.Base(filepath.Dir(path))
+	if name == "." || name == string(filepath.Separator) {
+		name = filepath.Base(path)
+	}
+	m, err := parseHFConfig(data, name)
+	if err != nil {
+		return modelSpec{}, fmt.Errorf("plan: %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// kvDTypeBits is the storage width of one KV element.
+var kvDTypeBits = map[string]int{
+	"fp32": 32, "fp16": 16, "bf16": 16,
+	"fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4,
+}
+
+// quantScaleBytes is the size of one per-group scale (fp16).
+const quantScaleBytes = 2
+
+// planInput is everything the planner's arithmetic depends on.
+type planInput struct {
+	Model          modelSpec
+	DType          string
+	QuantGroup     int // elements per scale; 0: no per-group scales
+	TP             int
+	TokensPerBlock int
+	Concurrency    int
+	AvgContext     int
+	// Tier capacities in bytes; 0 means the tier is absent. GPU is per GPU
+	// (the planner multiplies it by TP); host and NVMe are per host.
+	GPUBytes, HostBytes, NVMeBytes uint64
+	TierSource                     string
+}
+
+// planTier is one tier of the split.
+type planTier struct {
+	Name          string  `json:"name"`
+	CapacityBytes uint64  `json:"capacity_bytes"`
+	RequestsFit   uint64  `json:"requests_fit"`
+	BlocksFit     uint64  `json:"blocks_fit"`
+	HoldsBytes    uint64  `json:"holds_bytes"`
+	HoldsShare    float64 `json:"holds_share"`
+}
+
+// planResult is the planner's answer. Per-rank figures are what one tensor
+// parallel rank (one namespace of the daemon) stores; totals add up the
+// ranks.
+type planResult struct {
+	Model          modelSpec `json:"model"`
+	Attention      string    `json:"attention"` // gqa, mqa or mla
+	KVDType        string    `json:"kv_dtype"`
+	QuantGroup     int       `json:"quant_group,omitempty"`
+	TP             int       `json:"tp"`
+	KVHeadsPerRank int       `json:"kv_heads_per_rank,omitempty"`
+	TokensPerBlock int       `json:"tokens_per_block"`
+	Concurrency    int       `json:"concurrency"`
+	AvgContext     int       `json:"avg_context"`
+
+	BytesPerTokenPerRank   uint64 `json:"bytes_per_token_per_rank"`
+	BytesPerToken          uint64 `json:"bytes_per_token"`
+	BlockBytes             uint64 `json:"block_bytes"` // per rank: a daemon block
+	BlocksPerRequest       uint64 `json:"blocks_per_request_per_rank"`
+	BytesPerRequestPerRank uint64 `json:"bytes_per_request_per_rank"`
+	BytesPerRequest        uint64 `json:"bytes_per_request"`
+	TotalBytesPerRank      uint64 `json:"total_bytes_per_rank"`
+	TotalBytes             uint64 `json:"total_bytes"`
+
+	TierSource string     `json:"tier_source,omitempty"`
+	Tiers      []planTier `json:"tiers,omitempty"`
+	// FitsIn is the last tier the working set reaches when the tiers fill
+	// in order (gpu, host, nvme); ShortBytes is what none of them holds.
+	FitsIn     string `json:"fits_in,omitempty"`
+	Spills     bool   `json:"spills"`
+	ShortBytes uint64 `json:"short_bytes"`
+}
+
+// computePlan does the arithmetic. KV is stored in vectors: GQA/MHA caches a
+// K and a V vector of head_dim elements per KV head, layer and token; MLA
+// one latent of kv_lora_rank + qk_rope_head_dim elements per layer and
+// token. A vector with per-group scales carries one fp16 scale per started
+// group of QuantGroup elements.
+func computePlan(in planInput) (planResult, error) {
+	m := in.Model
+	elemBits, ok := kvDTypeBits[in.DType]
+	switch {
+	case !ok:
+		return planResult{}, fmt.Errorf("plan: --kv-dtype %q is not one of fp32, fp16, bf16, fp8, int8, int4", in.DType)
+	case m.Layers <= 0:
+		return planResult{}, errors.New("plan: model has no layers")
+	case !m.mla() && (m.KVHeads <= 0 || m.HeadDim <= 0):
+		return planResult{}, errors.New("plan: model needs positive kv heads and head dim")
+	case in.QuantGroup < 0:
+		return planResult{}, errors.New("plan: --quant-group must be positive")
+	case in.QuantGroup > 0 && in.DType != "int4" && in.DType != "int8":
+		return planResult{}, fmt.Errorf("plan: --quant-group applies to int4 and int8, not %s", in.DType)
+	case in.TP <= 0:
+		return planResult{}, errors.New("plan: --tp must be at least 1")
+	case in.TokensPerBlock <= 0:
+		return planResult{}, errors.New("plan: --tokens-per-block must be positive")
+	case in.Concurrency <= 0:
+		return planResult{}, errors.New("plan: --concurrency must be positive")
+	case in.AvgContext <= 0:
+		return planResult{}, errors.New("plan: --avg-context must be positive")
+	}
+	r := planResult{
+		Model: m, KVDType: in.DType, QuantGroup: in.QuantGroup, TP: in.TP,
+		TokensPerBlock: in.TokensPerBlock, Concurrency: in.Concurrency, AvgContext: in.AvgContext,
+	}
+
+	var vecElems, vecsPerToken uint64
+	if m.mla() {
+		// The latent is shared by all heads: every rank keeps all of it.
+		r.Attention = "mla"
+		vecElems = uint64(m.KVLoraRank + m.QKRopeHeadDim)
+		vecsPerToken = uint64(m.Layers)
+	} else {
+		r.Attention = "gqa"
+		if m.KVHeads == 1 {
+			r.Attention = "mqa"
+		}
+		// KV heads split across ranks; with more ranks than heads each
+		// head is replicated on TP/heads ranks.
+		switch {
+		case in.TP <= m.KVHeads && m.KVHeads%in.TP != 0:
+			return planResult{}, fmt.Errorf("plan: %d KV heads do not split evenly across --tp %d", m.KVHeads, in.TP)
+		case in.TP > m.KVHeads && in.TP%m.KVHeads != 0:
+			return planResult{}, fmt.Errorf("plan: --tp %d is not a multiple of the %d KV heads to replicate", in.TP, m.KVHeads)
+		}
+		r.KVHeadsPerRank = max(1, m.KVHeads/in.TP)
+		vecElems = uint64(m.HeadDim)
+		vecsPerToken = 2 * uint64(m.Layers) * uint64(r.KVHeadsPerRank) // K and V
+	}
+	vecBytes := (vecElems*uint64(elemBits) + 7) / 8
+	if g := uint64(in.QuantGroup); g > 0 {
+		vecBytes += (vecElems + g - 1) / g * quantScaleBytes
+	}
+	tp := uint64(in.TP)
+	var overflow bool
+	mul := func(a, b uint64) uint64 {
+		hi, lo := bits.Mul64(a, b)
+		overflow = overflow || hi != 0
+		return lo
+	}
+	r.BytesPerTokenPerRank = mul(vecsPerToken, vecBytes)
+	r.BytesPerToken = mul(r.BytesPerTokenPerRank, tp)
+	r.BlockBytes = mul(r.BytesPerTokenPerRank, uint64(in.TokensPerBlock))
+	// The cache holds whole blocks; a request's last, partial block is
+	// counted whole.
+	r.BlocksPerRequest = (uint64(in.AvgContext) + uint64(in.TokensPerBlock) - 1) / uint64(in.TokensPerBlock)
+	r.BytesPerRequestPerRank = mul(r.BlocksPerRequest, r.BlockBytes)
+	r.BytesPerRequest = mul(r.BytesPerRequestPerRank, tp)
+	r.TotalBytesPerRank = mul(r.BytesPerRequestPerRank, uint64(in.Concurrency))
+	r.TotalBytes = mul(r.BytesPerRequest, uint64(in.Concurrency))
+	gpuBytes := mul(in.GPUBytes, tp)
+	if overflow {
+		return planResult{}, errors.New("plan: sizes overflow 64 bits")
+	}
+
+	r.TierSource = in.TierSource
+	remaining := r.TotalBytes
+	for _, t := range []struct {
+		name string
+		capa uint64
+	}{{"gpu", gpuBytes}, {"host", in.HostBytes}, {"nvme", in.NVMeBytes}} {
+		if t.capa == 0 {
+			continue
+		}
+		holds := min(remaining, t.capa)
+		remaining -= holds
+		pt := planTier{
+			Name: t.name, CapacityBytes: t.capa,
+			RequestsFit: t.capa / r.BytesPerRequest, BlocksFit: t.capa / r.BlockBytes,
+			HoldsBytes: holds, HoldsShare: float64(holds) / float64(r.TotalBytes),
+		}
+		if holds > 0 {
+			r.FitsIn = t.name
+		}
+		r.Tiers = append(r.Tiers, pt)
+	}
+	if len(r.Tiers) > 0 {
+		r.ShortBytes = remaining
+		r.Spills = r.FitsIn != r.Tiers[0].Name || remaining > 0
+	}
+	return r, nil
+}
+
+func newPlanCmd(g *globals) *cobra.Command {
+	var (
+		model, hfPath, dtype string
+		live                 bool
+		in                   = planInput{TP: 1, TokensPerBlock: 16}
+		gpu, host, nvme      capacity
+	)
+	cmd := &cobra.Command{
+		Use:   "plan (--model NAME | --hf-config FILE) --concurrency N --avg-context TOKENS",
+		Short: "Size the KV cache of a workload and how it splits across the tiers",
+		Long: `plan computes the KV-cache footprint of a model at a given concurrency and
+average context, and how it splits across GPU, host and NVMe: per token (per
+tensor-parallel rank and in total), per block, per request and for the whole
+workload, how many requests fit in each tier, and into which tier the working
+set spills when the tiers fill in order gpu → host → nvme.
+
+GQA/MHA models cache K and V per KV head: 2 x layers x kv_heads x head_dim
+elements per token, the heads split across --tp ranks. MLA models (DeepSeek)
+cache one latent of kv_lora_rank + qk_rope_head_dim elements per layer, which
+every rank keeps whole. int4 is half a byte per element; --quant-group adds one
+fp16 scale per group of that many elements.
+
+Tier sizes come from --gpu-bytes (per GPU, times --tp), --host-bytes and
+--nvme-bytes, or from the running daemon's host and NVMe tiers when --socket
+or --live is given (explicit size flags still win).
+
+Presets: ` + strings.Join(presetNames(), ", ") + `.`,
+		Example: `  kvtierctl plan --model llama-3-8b --concurrency 64 --avg-context 8192
+  kvtierctl plan --hf-config ./Qwen2.5-72B/config.json --tp 4 --kv-dtype fp8 --concurrency 32 --avg-context 32768 --gpu-bytes 40GiB --host-bytes 512GiB
+  kvtierctl plan --model deepseek-v3 --concurrency 64 --avg-context 8192 --live --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case (model == "") == (hfPath == ""):
+				return errors.New("plan: give exactly one of --model NAME or --hf-config FILE")
+			case model != "":
+				m, err := presetModel(model)
+				if err != nil {
+					return err
+				}
+				in.Model = m
+			default:
+				m, err := loadHFConfig(hfPath)
+				if err != nil {
+					return err
+				}
+				in.Model = m
+			}
+			in.DType = strings.ToLower(dtype)
+			in.GPUBytes, in.HostBytes, in.NVMeBytes = uint64(gpu), uint64(host), uint64(nvme)
+			if gpu > 0 || host > 0 || nvme > 0 {
+				in.TierSource = "flags"
+			}
+			if live || cmd.Flags().Changed("socket") {
+				ctx, cancel := g.ctx(cmd.Context())
+				defer cancel()
+				c, err := g.dial(ctx)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				st, err := c.Stats(ctx)
+				if err != nil {
+					return err
+				}
+				for _, t := range st.Tiers {
+					switch {
+					case t.Name == "host" && host == 0:
+						in.HostBytes = uint64(max(t.CapacityBytes, 0))
+					case t.Name == "nvme" && nvme == 0:
+						in.NVMeBytes = uint64(max(t.CapacityBytes, 0))
+					}
+				}
+				in.TierSource = "kvtierd at " + g.socket
+				if gpu > 0 || host > 0 || nvme > 0 {
+					in.TierSource += " and flags"
+				}
+			}
+			r, err := computePlan(in)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return writeJSON(stdout(cmd), r)
+			}
+			return printPlan(stdout(cmd), r)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&model, "model", "", "model preset: "+strings.Join(presetNames(), ", "))
+	f.StringVar(&hfPath, "hf-config", "", "Hugging Face config.json `file` of the model")
+	f.IntVar(&in.Concurrency, "concurrency", 1, "concurrent requests")
+	f.IntVar(&in.AvgContext, "avg-context", 4096, "average context per request, in `tokens`")
+	f.StringVar(&dtype, "kv-dtype", "bf16", "KV element type: fp32, fp16, bf16, fp8, int8, int4")
+	f.IntVar(&in.QuantGroup, "quant-group", 0, "int4/int8 only: `elements` per fp16 scale (0: no per-group scales)")
+	f.IntVar(&in.TP, "tp", 1, "tensor parallel size (KV heads split across ranks)")
+	f.IntVar(&in.TokensPerBlock, "tokens-per-block", 16, "tokens per cache block")
+	f.Var(&gpu, "gpu-bytes", "KV cache `size` per GPU, e.g. 40GiB")
+	f.Var(&host, "host-bytes", "host tier `size`, e.g. 256GiB")
+	f.Var(&nvme, "nvme-bytes", "NVMe tier `size`, e.g. 2TiB")
+	f.BoolVar(&live, "live", false, "take host and NVMe tier sizes from the daemon at --socket (implied by --socket)")
+	return cmd
+}
+
+// capacity is a byte-size flag without an upper bound ("512GiB", "2TB").
+type capacity uint64
+
+func (c *capacity) String() string {
+	if *c == 0 {
+		return "0"
+	}
+	return humanize.IBytes(uint64(*c))
+}
+
+func (c *capacity) Set(s string) error {
+	v, err := humanize.ParseBytes(s)
+	if err != nil {
+		return fmt.Errorf("not a size like 64GiB: %q", s)
+	}
+	*c = capacity(v)
+	return nil
+}
+
+func (c *capacity) Type() string { return "size" }
+
+func printPlan(w io.Writer, r planResult) error {
+	m := r.Model
+	switch r.Attention {
+	case "mla":
+		fmt.Fprintf(w, "model     %s (MLA: %d layers x latent %d + rope %d)\n", m.Name, m.Layers, m.KVLoraRank, m.QKRopeHeadDim)
+	default:
+		fmt.Fprintf(w, "model     %s (%s: %d layers x %d KV heads x %d dim)\n", m.Name, strings.ToUpper(r.Attention), m.Layers, m.KVHeads, m.HeadDim)
+	}
+	dt := r.KVDType
+	if r.QuantGroup > 0 {
+		dt += fmt.Sprintf(" with an fp16 scale per %d elements", r.QuantGroup)
+	}
+	fmt.Fprintf(w, "kv dtype  %s\n", dt)
+	layout := fmt.Sprintf("tp %d", r.TP)
+	if r.Attention == "mla" {
+		if r.TP > 1 {
+			layout += " (latent replicated on every rank)"
+		}
+	} else {
+		layout += fmt.Sprintf(" (%d KV heads per rank)", r.KVHeadsPerRank)
+	}
+	fmt.Fprintf(w, "layout    %s, %d tokens per block\n", layout, r.TokensPerBlock)
+	fmt.Fprintf(w, "workload  %d requests x %d tokens (%d blocks per request per rank)\n\n", r.Concurrency, r.AvgContext, r.BlocksPerRequest)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "KV\tPER RANK\tTOTAL\tBYTES (TOTAL)\t")
+	row := func(what string, perRank, total uint64) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\n", what, humanize.IBytes(perRank), humanize.IBytes(total), total)
+	}
+	row("per token", r.BytesPerTokenPerRank, r.BytesPerToken)
+	row("per block", r.BlockBytes, r.BlockBytes*uint64(r.TP))
+	row("per request", r.BytesPerRequestPerRank, r.BytesPerRequest)
+	row("workload", r.TotalBytesPerRank, r.TotalBytes)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	if len(r.Tiers) == 0 {
+		fmt.Fprintln(w, "\nno tier sizes: give --gpu-bytes, --host-bytes, --nvme-bytes, or --socket for the daemon's")
+		return nil
+	}
+	fmt.Fprintf(w, "\ntiers from %s, filled in order:\n", r.TierSource)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "TIER\tCAPACITY\tREQUESTS FIT\tBLOCKS FIT\tHOLDS\tSHARE\t")
+	for _, t := range r.Tiers {
+		name := t.Name
+		if t.Name == "gpu" && r.TP > 1 {
+			name = fmt.Sprintf("gpu (%d x %s)", r.TP, humanize.IBytes(t.CapacityBytes/uint64(r.TP)))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.1f%%\t\n", name, humanize.IBytes(t.CapacityBytes),
+			t.RequestsFit, t.BlocksFit, humanize.IBytes(t.HoldsBytes), 100*t.HoldsShare)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case r.ShortBytes > 0:
+		fmt.Fprintf(w, "\nworking set %s does not fit: %s (%.1f%%) beyond every tier\n",
+			humanize.IBytes(r.TotalBytes), humanize.IBytes(r.ShortBytes), 100*float64(r.ShortBytes)/float64(r.TotalBytes))
+	case r.Spills:
+		fmt.Fprintf(w, "\nworking set %s spills into %s\n", humanize.IBytes(r.TotalBytes), r.FitsIn)
+	default:
+		fmt.Fprintf(w, "\nworking set %s fits in %s (%.1f%% of it)\n", humanize.IBytes(r.TotalBytes), r.FitsIn,
+			100*float64(r.TotalBytes)/float64(r.Tiers[0].CapacityBytes))
+	}
+	return nil
+}

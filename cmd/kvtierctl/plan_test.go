@@ -1,0 +1,338 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const (
+	kib = uint64(1) << 10
+	mib = uint64(1) << 20
+	gib = uint64(1) << 30
+)
+
+func preset(t *testing.T, name string) modelSpec {
+	t.Helper()
+	m, err := presetModel(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestComputePlanArithmetic(t *testing.T) {
+	tests := []struct {
+		name        string
+		model       string
+		dtype       string
+		group, tp   int
+		tpb         int // 0: 16
+		conc, ctx   int
+		perTokRank  uint64
+		perTok      uint64
+		block       uint64
+		blocksReq   uint64
+		perReq      uint64
+		total       uint64
+		headsOnRank int
+	}{
+		// 2 (K,V) x 32 layers x 8 heads x 128 dim x 2 bytes.
+		{"llama-3-8b bf16", "llama-3-8b", "bf16", 0, 1, 0, 64, 8192,
+			131072, 131072, 16 * 131072, 512, 512 * 2 * mib, 64 * gib, 8},
+		{"llama-3-8b fp16", "llama-3-8b", "fp16", 0, 1, 0, 1, 16,
+			131072, 131072, 2 * mib, 1, 2 * mib, 2 * mib, 8},
+		{"llama-3-8b fp32", "llama-3-8b", "fp32", 0, 1, 0, 1, 16,
+			262144, 262144, 4 * mib, 1, 4 * mib, 4 * mib, 8},
+		{"llama-3-8b fp8", "llama-3-8b", "fp8", 0, 1, 0, 1, 16,
+			65536, 65536, mib, 1, mib, mib, 8},
+		// int4: half a byte per element: 512 vectors x 64 B.
+		{"llama-3-8b int4", "llama-3-8b", "int4", 0, 1, 0, 1, 16,
+			32768, 32768, 512 * kib, 1, 512 * kib, 512 * kib, 8},
+		// int4, fp16 scale per 32: a 128-element vector is 64 B + 4 x 2 B = 72 B; x 512.
+		{"llama-3-8b int4 g32", "llama-3-8b", "int4", 32, 1, 0, 1, 16,
+			36864, 36864, 16 * 36864, 1, 16 * 36864, 16 * 36864, 8},
+		// int8, scale per 128: 128 + 2 = 130 B per vector.
+		{"llama-3-8b int8 g128", "llama-3-8b", "int8", 128, 1, 0, 1, 16,
+			512 * 130, 512 * 130, 16 * 512 * 130, 1, 16 * 512 * 130, 16 * 512 * 130, 8},
+		// A group size that does not divide head_dim: ceil(128/48) = 3 scales.
+		{"llama-3-8b int4 g48", "llama-3-8b", "int4", 48, 1, 0, 1, 16,
+			512 * (64 + 6), 512 * (64 + 6), 16 * 512 * 70, 1, 16 * 512 * 70, 16 * 512 * 70, 8},
+		// tp=2: 4 heads per rank, half per rank, same total.
+		{"llama-3-8b tp2", "llama-3-8b", "bf16", 0, 2, 0, 64, 8192,
+			65536, 131072, mib, 512, 1 * gib, 64 * gib, 4},
+		// tp=16 > 8 heads: one head per rank, replicated twice.
+		{"llama-3-8b tp16", "llama-3-8b", "bf16", 0, 16, 0, 1, 16,
+			16384, 16 * 16384, 16 * 16384, 1, 16 * 16 * 16384, 16 * 16 * 16384, 1},
+		{"llama-3-70b bf16", "llama-3-70b", "bf16", 0, 1, 0, 1, 16,
+			327680, 327680, 16 * 327680, 1, 16 * 327680, 16 * 327680, 8},
+		{"qwen2.5-7b bf16", "qwen2.5-7b", "bf16", 0, 1, 0, 1, 16,
+			57344, 57344, 16 * 57344, 1, 16 * 57344, 16 * 57344, 4},
+		{"mistral-7b bf16", "mistral-7b", "bf16", 0, 1, 0, 1, 16,
+			131072, 131072, 2 * mib, 1, 2 * mib, 2 * mib, 8},
+		{"mixtral-8x7b bf16", "mixtral-8x7b", "bf16", 0, 1, 0, 1, 16,
+			131072, 131072, 2 * mib, 1, 2 * mib, 2 * mib, 8},
+		{"gemma-2-9b bf16", "gemma-2-9b", "bf16", 0, 1, 0, 1, 16,
+			344064, 344064, 16 * 344064, 1, 16 * 344064, 16 * 344064, 8},
+		// MLA: 61 layers x (512 + 64) x 2 bytes, one latent, no K/V pair.
+		{"deepseek-v3 bf16", "deepseek-v3", "bf16", 0, 1, 0, 64, 8192,
+			70272, 70272, 16 * 70272, 512, 512 * 16 * 70272, 64 * 512 * 16 * 70272, 0},
+		{"deepseek-v3 fp8", "deepseek-v3", "fp8", 0, 1, 0, 1, 16,
+			35136, 35136, 16 * 35136, 1, 16 * 35136, 16 * 35136, 0},
+		// 576 elements: 288 B + ceil(576/64) = 9 scales x 2 B = 306 B per layer.
+		{"deepseek-v3 int4 g64", "deepseek-v3", "int4", 64, 1, 0, 1, 16,
+			61 * 306, 61 * 306, 16 * 61 * 306, 1, 16 * 61 * 306, 16 * 61 * 306, 0},
+		// MLA under tp: every rank keeps the whole latent.
+		{"deepseek-v3 tp8", "deepseek-v3", "bf16", 0, 8, 0, 1, 16,
+			70272, 8 * 70272, 16 * 70272, 1, 8 * 16 * 70272, 8 * 16 * 70272, 0},
+		// A partial last block counts whole: 100 tokens = 7 blocks of 16.
+		{"partial block", "llama-3-8b", "bf16", 0, 1, 0, 3, 100,
+			131072, 131072, 2 * mib, 7, 14 * mib, 42 * mib, 8},
+		{"tokens per block 32", "llama-3-8b", "bf16", 0, 1, 32, 2, 1000,
+			131072, 131072, 4 * mib, 32, 128 * mib, 256 * mib, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tpb := tt.tpb
+			if tpb == 0 {
+				tpb = 16
+			}
+			r, err := computePlan(planInput{Model: preset(t, tt.model), DType: tt.dtype, QuantGroup: tt.group,
+				TP: tt.tp, TokensPerBlock: tpb, Concurrency: tt.conc, AvgContext: tt.ctx})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := []uint64{r.BytesPerTokenPerRank, r.BytesPerToken, r.BlockBytes, r.BlocksPerRequest, r.BytesPerRequest, r.TotalBytes}
+			want := []uint64{tt.perTokRank, tt.perTok, tt.block, tt.blocksReq, tt.perReq, tt.total}
+			labels := []string{"bytes/token/rank", "bytes/token", "block bytes", "blocks/request", "bytes/request", "total bytes"}
+			for i := range got {
+				if got[i] != want[i] {
+					t.Errorf("%s = %d, want %d", labels[i], got[i], want[i])
+				}
+			}
+			if r.KVHeadsPerRank != tt.headsOnRank {
+				t.Errorf("kv heads per rank = %d, want %d", r.KVHeadsPerRank, tt.headsOnRank)
+			}
+			if r.BytesPerRequestPerRank*uint64(tt.tp) != r.BytesPerRequest || r.TotalBytesPerRank*uint64(tt.tp) != r.TotalBytes {
+				t.Errorf("per-rank and total disagree: %+v", r)
+			}
+		})
+	}
+}
+
+func TestComputePlanTiers(t *testing.T) {
+	base := planInput{Model: preset(t, "llama-3-8b"), DType: "bf16", TP: 1, TokensPerBlock: 16,
+		Concurrency: 64, AvgContext: 8192} // 1 GiB per request, 64 GiB in all
+	type tierWant struct {
+		name           string
+		capa, reqs     uint64
+		holds          uint64
+		blocks         uint64
+		shareTimes1000 int
+	}
+	tests := []struct {
+		name          string
+		gpu, host, nv uint64
+		tp            int
+		tiers         []tierWant
+		fitsIn        string
+		spills        bool
+		short         uint64
+	}{
+		{"no tiers", 0, 0, 0, 1, nil, "", false, 0},
+		{"fits in host", 0, 100 * gib, 0, 1,
+			[]tierWant{{"host", 100 * gib, 100, 64 * gib, 51200, 1000}}, "host", false, 0},
+		{"spills into nvme", 20 * gib, 32 * gib, 1 << 40, 1,
+			[]tierWant{
+				{"gpu", 20 * gib, 20, 20 * gib, 10240, 312},
+				{"host", 32 * gib, 32, 32 * gib, 16384, 500},
+				{"nvme", 1 << 40, 1024, 12 * gib, 1 << 19, 187},
+			}, "nvme", true, 0},
+		{"gpu per GPU times tp", 40 * gib, 64 * gib, 0, 2,
+			[]tierWant{
+				{"gpu", 80 * gib, 80, 64 * gib, 80 * 1024, 1000},
+				{"host", 64 * gib, 64, 0, 64 * 1024, 0},
+			}, "gpu", false, 0},
+		{"does not fit", 0, 16 * gib, 16 * gib, 1,
+			[]tierWant{
+				{"host", 16 * gib, 16, 16 * gib, 8192, 250},
+				{"nvme", 16 * gib, 16, 16 * gib, 8192, 250},
+			}, "nvme", true, 32 * gib},
+		{"partial request", 0, gib + gib/2, 0, 1,
+			[]tierWant{{"host", gib + gib/2, 1, gib + gib/2, 768, 23}}, "host", true, 64*gib - gib - gib/2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := base
+			in.GPUBytes, in.HostBytes, in.NVMeBytes, in.TP = tt.gpu, tt.host, tt.nv, tt.tp
+			r, err := computePlan(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Tiers) != len(tt.tiers) {
+				t.Fatalf("tiers = %+v, want %d", r.Tiers, len(tt.tiers))
+			}
+			for i, w := range tt.tiers {
+				g := r.Tiers[i]
+				if g.Name != w.name || g.CapacityBytes != w.capa || g.RequestsFit != w.reqs || g.HoldsBytes != w.holds ||
+					g.BlocksFit != w.blocks || int(g.HoldsShare*1000) != w.shareTimes1000 {
+					t.Errorf("tier %d = %+v, want %+v", i, g, w)
+				}
+			}
+			if r.FitsIn != tt.fitsIn || r.Spills != tt.spills || r.ShortBytes != tt.short {
+				t.Errorf("fits in %q, spills %v, short %d; want %q, %v, %d", r.FitsIn, r.Spills, r.ShortBytes, tt.fitsIn, tt.spills, tt.short)
+			}
+		})
+	}
+}
+
+func TestComputePlanErrors(t *testing.T) {
+	ok := planInput{Model: preset(t, "llama-3-8b"), DType: "bf16", TP: 1, TokensPerBlock: 16, Concurrency: 1, AvgContext: 1}
+	tests := []struct {
+		name string
+		mod  func(*planInput)
+		want string
+	}{
+		{"unknown dtype", func(in *planInput) { in.DType = "fp6" }, "--kv-dtype"},
+		{"group on bf16", func(in *planInput) { in.QuantGroup = 32 }, "applies to int4 and int8"},
+		{"negative group", func(in *planInput) { in.DType, in.QuantGroup = "int4", -1 }, "--quant-group"},
+		{"tp 0", func(in *planInput) { in.TP = 0 }, "--tp"},
+		{"tp 3 on 8 heads", func(in *planInput) { in.TP = 3 }, "do not split evenly"},
+		{"tp 12 on 8 heads", func(in *planInput) { in.TP = 12 }, "not a multiple"},
+		{"no concurrency", func(in *planInput) { in.Concurrency = 0 }, "--concurrency"},
+		{"no context", func(in *planInput) { in.AvgContext = -5 }, "--avg-context"},
+		{"no block", func(in *planInput) { in.TokensPerBlock = 0 }, "--tokens-per-block"},
+		{"no layers", func(in *planInput) { in.Model.Layers = 0 }, "no layers"},
+		{"no heads", func(in *planInput) { in.Model.KVHeads = 0 }, "kv heads"},
+		{"overflow", func(in *planInput) { in.Concurrency, in.AvgContext = 1<<40, 1<<40 }, "overflow"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := ok
+			tt.mod(&in)
+			_, err := computePlan(in)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+	if _, err := presetModel("gpt-5"); err == nil || !strings.Contains(err.Error(), "llama-3-8b") {
+		t.Errorf("unknown preset: %v", err)
+	}
+	if m, err := presetModel("Llama-3-8B"); err != nil || m.Layers != 32 {
+		t.Errorf("preset names are case-insensitive: %+v, %v", m, err)
+	}
+}
+
+func TestParseHFConfig(t *testing.T) {
+	tests := []struct {
+		name, json string
+		want       modelSpec
+		wantErr    string
+	}{
+		{"llama GQA", `{"_name_or_path":"meta-llama/Meta-Llama-3-8B","num_hidden_layers":32,"num_attention_heads":32,
+			"num_key_value_heads":8,"hidden_size":4096}`,
+			modelSpec{Name: "meta-llama/Meta-Llama-3-8B", Layers: 32, KVHeads: 8, HeadDim: 128}, ""},
+		{"MHA: kv heads default to attention heads", `{"num_hidden_layers":24,"num_attention_heads":16,"hidden_size":2048}`,
+			modelSpec{Name: "dir", Layers: 24, KVHeads: 16, HeadDim: 128}, ""},
+		{"explicit head_dim wins", `{"num_hidden_layers":42,"num_attention_heads":16,"num_key_value_heads":8,
+			"hidden_size":3584,"head_dim":256}`,
+			modelSpec{Name: "dir", Layers: 42, KVHeads: 8, HeadDim: 256}, ""},
+		{"null head_dim falls back", `{"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"hidden_size":256,"head_dim":null}`,
+			modelSpec{Name: "dir", Layers: 2, KVHeads: 2, HeadDim: 64}, ""},
+		{"deepseek MLA", `{"model_type":"deepseek_v3","num_hidden_layers":61,"num_attention_heads":128,
+			"num_key_value_heads":128,"hidden_size":7168,"kv_lora_rank":512,"qk_rope_head_dim":64,"qk_nope_head_dim":128,"v_head_dim":128}`,
+			modelSpec{Name: "dir", Layers: 61, KVLoraRank: 512, QKRopeHeadDim: 64}, ""},
+		{"kv_lora_rank null is not MLA", `{"num_hidden_layers":2,"num_attention_heads":2,"hidden_size":128,"kv_lora_rank":null}`,
+			modelSpec{Name: "dir", Layers: 2, KVHeads: 2, HeadDim: 64}, ""},
+		{"multimodal text_config", `{"_name_or_path":"llava","text_config":{"num_hidden_layers":32,"num_attention_heads":32,
+			"num_key_value_heads":8,"hidden_size":4096},"vision_config":{"num_hidden_layers":24}}`,
+			modelSpec{Name: "llava", Layers: 32, KVHeads: 8, HeadDim: 128}, ""},
+		{"not JSON", `{"num_hidden_layers":`, modelSpec{}, "not a JSON object"},
+		{"no layers", `{"num_attention_heads":32,"hidden_size":4096}`, modelSpec{}, "num_hidden_layers"},
+		{"no heads", `{"num_hidden_layers":32,"hidden_size":4096}`, modelSpec{}, "num_key_value_heads"},
+		{"no head_dim or hidden_size", `{"num_hidden_layers":32,"num_attention_heads":32}`, modelSpec{}, "head_dim"},
+		{"hidden not divisible", `{"num_hidden_layers":32,"num_attention_heads":3,"hidden_size":4096}`, modelSpec{}, "not a multiple"},
+		{"zero kv heads", `{"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":0,"hidden_size":4096}`, modelSpec{}, "num_key_value_heads"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseHFConfig([]byte(tt.json), "dir")
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("parseHFConfig = %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, path, data string) string {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func planJSON(t *testing.T, args ...string) planResult {
+	t.Helper()
+	out := mustRun(t, append([]string{"plan", "--json"}, args...)...)
+	var r planResult
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("plan --json: %v\n%s", err, out)
+	}
+	return r
+}
+
+func TestPlanCommand(t *testing.T) {
+	r := planJSON(t, "--model", "llama-3-8b", "--concurrency", "64", "--avg-context", "8192", "--kv-dtype", "bf16",
+		"--gpu-bytes", "20GiB", "--host-bytes", "32GiB", "--nvme-bytes", "1TiB")
+	if r.BytesPerToken != 131072 || r.TotalBytes != 64*gib || r.FitsIn != "nvme" || !r.Spills || len(r.Tiers) != 3 || r.TierSource != "flags" {
+		t.Errorf("llama-3-8b plan: %+v", r)
+	}
+
+	// A config.json names the model after its directory when it has no
+	// _name_or_path.
+	path := writeFile(t, filepath.Join(t.TempDir(), "DeepSeek-V3", "config.json"),
+		`{"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"qk_rope_head_dim":64}`)
+	r = planJSON(t, "--hf-config", path, "--concurrency", "64", "--avg-context", "8192", "--kv-dtype", "BF16", "--tp", "8")
+	if r.Model.Name != "DeepSeek-V3" || r.Attention != "mla" || r.BytesPerTokenPerRank != 70272 || r.BytesPerToken != 8*70272 || len(r.Tiers) != 0 {
+		t.Errorf("deepseek config plan: %+v", r)
+	}
+
+	out := mustRun(t, "plan", "--model", "deepseek-v3", "--concurrency", "64", "--avg-context", "8192", "--host-bytes", "16GiB")
+	for _, want := range []string{"MLA: 61 layers x latent 512 + rope 64", "70272", "per request", "does not fit", "host"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan table lacks %q:\n%s", want, out)
+		}
+	}
+	out = mustRun(t, "plan", "--model", "qwen2.5-7b", "--kv-dtype", "int4", "--quant-group", "32")
+	if !strings.Contains(out, "GQA: 28 layers x 4 KV heads x 128 dim") || !strings.Contains(out, "no tier sizes") {
+		t.Errorf("plan table:\n%s", out)
+	}
+
+	for _, args := range [][]string{
+		{"plan"}, // no model
+		{"plan", "--model", "llama-3-8b", "--hf-config", path},
+		{"plan", "--model", "nope"},
+		{"plan", "--hf-config", filepath.Join(t.TempDir(), "missing.json")},
+		{"plan", "--hf-config", writeFile(t, filepath.Join(t.TempDir(), "config.json"), `{}`)},
+		{"plan", "--model", "llama-3-8b", "--kv-dtype", "fp4"},
+		{"plan", "--model", "llama-3-8b", "--host-bytes", "lots"},
+		{"plan", "--model", "llama-3-8b", "--tp", "3"},
+	} {
+		if _, err := run(t, args...); err == nil {
+			t.Errorf("%v succeeded", args)
+		}
+	}
+}
