@@ -34,6 +34,14 @@ type Config struct {
 	Host       HostConfig    `toml:"host"`
 	Session    SessionConfig `toml:"session"`
 	NVMe       NVMeConfig    `toml:"nvme"`
+	Metrics    MetricsConfig `toml:"metrics"`
+}
+
+// MetricsConfig places the Prometheus endpoint (see docs/metrics.md).
+type MetricsConfig struct {
+	// Listen is the TCP host:port serving /metrics; "" disables metrics.
+	// Loopback by default: the figures describe other users' workloads.
+	Listen string `toml:"listen"`
 }
 
 // NVMeConfig sizes the NVMe tier (Badger, in <state_dir>/nvme).
@@ -113,6 +121,8 @@ const (
 	maxSocketPath = 107
 
 	socketName = "kvtierd.sock"
+
+	defaultMetricsListen = "127.0.0.1:9477"
 )
 
 // ByteSize is a size in bytes. In TOML it is an integer (bytes) or a string
@@ -180,6 +190,9 @@ type env struct {
 	Getenv  func(string) string
 	Euid    func() int
 	MemInfo func() (memInfo, error)
+	// HostCapacity, if set, is what an unset host.capacity means instead of
+	// sizing from memory: a reload keeps the running arena's size.
+	HostCapacity ByteSize
 }
 
 func systemEnv() env {
@@ -194,7 +207,8 @@ func (e env) base() Config {
 		Auth: AuthConfig{UIDs: []uint32{uint32(euid)}},
 		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true, HighWatermark: 0.95, LowWatermark: 0.85,
 			Policy: policy.Default},
-		NVMe: NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
+		NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
+		Metrics: MetricsConfig{Listen: defaultMetricsListen},
 		Session: SessionConfig{
 			RingEntries: 1024,
 			DataBytes:   1 * MiB,
@@ -229,6 +243,9 @@ func (e env) base() Config {
 func (e env) derive(c *Config) {
 	if c.Socket == "" && c.RuntimeDir != "" {
 		c.Socket = filepath.Join(c.RuntimeDir, socketName)
+	}
+	if c.Host.Capacity == 0 {
+		c.Host.Capacity = e.HostCapacity
 	}
 	if c.Host.Capacity == 0 {
 		c.Host.Capacity = autoCapacity(e.MemInfo, c.Host.SlabBytes)
@@ -372,6 +389,10 @@ func (c *Config) Validate() error {
 		bad("nvme.capacity", "must be 0 (auto) or at least 64MiB, got %v", capa)
 	}
 
+	if err := validListen(c.Metrics.Listen); err != nil {
+		bad("metrics.listen", "must be host:port (e.g. %q) or \"\" to disable, got %q: %v", defaultMetricsListen, c.Metrics.Listen, err)
+	}
+
 	if r := c.Session.RingEntries; r < 64 || r > 65536 || r&(r-1) != 0 {
 		bad("session.ring_entries", "must be a power of two between 64 and 65536, got %d", r)
 	}
@@ -401,19 +422,6 @@ func parseLevel(s string) (slog.Level, error) {
 	return 0, fmt.Errorf("unknown log level %q", s)
 }
 
-// NewLogger builds the slog.Logger the config asks for, writing to w.
-func (l LogConfig) NewLogger(w io.Writer) *slog.Logger {
-	lvl, err := parseLevel(l.Level)
-	if err != nil {
-		lvl = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	if l.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
 // Flags are the command-line overrides. Bind them with BindFlags, parse the
 // FlagSet, then call Load.
 type Flags struct {
@@ -427,18 +435,20 @@ type Flags struct {
 	noNVMe     bool
 	logLevel   string
 	logFormat  string
+	metrics    string
 }
 
 // flagFields maps each overriding flag to the config field it sets, so that
 // validation errors can name both.
 var flagFields = map[string]string{
-	"runtime-dir":   "runtime_dir",
-	"state-dir":     "state_dir",
-	"socket":        "socket",
-	"host-capacity": "host.capacity",
-	"nvme-capacity": "nvme.capacity",
-	"log-level":     "log.level",
-	"log-format":    "log.format",
+	"runtime-dir":    "runtime_dir",
+	"state-dir":      "state_dir",
+	"socket":         "socket",
+	"host-capacity":  "host.capacity",
+	"nvme-capacity":  "nvme.capacity",
+	"log-level":      "log.level",
+	"log-format":     "log.format",
+	"metrics-listen": "metrics.listen",
 }
 
 // BindFlags defines kvtierd's configuration flags on fs. The caller may add
@@ -454,6 +464,7 @@ func BindFlags(fs *flag.FlagSet) *Flags {
 	fs.BoolVar(&f.noNVMe, "no-nvme", false, "run without the NVMe tier")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn, error (default info)")
 	fs.StringVar(&f.logFormat, "log-format", "", "log `format`: text or json (default text)")
+	fs.StringVar(&f.metrics, "metrics-listen", "", "Prometheus metrics `host:port` (default "+defaultMetricsListen+"; \"\" disables)")
 	return f
 }
 
@@ -490,6 +501,9 @@ func (f *Flags) load(e env) (Config, error) {
 		}
 		if set["log-format"] {
 			c.Log.Format = f.logFormat
+		}
+		if set["metrics-listen"] {
+			c.Metrics.Listen = f.metrics
 		}
 	})
 	if err != nil {

@@ -71,6 +71,7 @@ func TestConfigDefaults(t *testing.T) {
 					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "chain"},
 				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
 				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
+				Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 			}
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got  %+v\nwant %+v", c, want)
@@ -142,6 +143,7 @@ capacity = "1GiB"
 			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "chain"},
 		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
 		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, ParkTTLSeconds: 3600},
+		Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)

@@ -59,6 +59,10 @@ type Daemon struct {
 	sessionsTotal atomic.Uint64
 	sessionsBad   atomic.Uint64
 	ops           [16]atomic.Uint64
+
+	metrics *metrics // nil when metrics.listen is ""; see metrics.go
+
+	reload reloadState // see reload.go
 }
 
 // New prepares a daemon: directories, state lock, namespace registry, host
@@ -69,6 +73,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{},
 		maxSpinners: int32(max(1, runtime.NumCPU()/2))}
+	if cfg.Metrics.Listen != "" {
+		d.metrics = newMetrics(d)
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -108,8 +115,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.chain, err = tiers.NewChain(d.host, d.nvme, tiers.ChainConfig{
 		HighWatermark: cfg.Host.HighWatermark, LowWatermark: cfg.Host.LowWatermark, Logger: log,
-		ParkTTL: time.Duration(cfg.NVMe.ParkTTLSeconds) * time.Second,
-		Policy:  cfg.Host.Policy,
+		ParkTTL:       time.Duration(cfg.NVMe.ParkTTLSeconds) * time.Second,
+		Policy:        cfg.Host.Policy,
+		ObserveSwapIn: d.metrics.swapInHook(), ObserveSwapOut: d.metrics.swapOutHook(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("tier chain: %w", err)
@@ -122,6 +130,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	log.Info("kvtierd listening", "socket", cfg.Socket, "state_dir", cfg.StateDir, "runtime_dir", cfg.RuntimeDir,
 		"allowed_uids", cfg.Auth.UIDs, "allowed_gids", cfg.Auth.GIDs, "pid", os.Getpid(), "version", Version)
+	d.listenMetrics()
 	ok = true
 	return d, nil
 }
@@ -209,7 +218,11 @@ func listen(runtimeDir, path string) (*net.UnixListener, error) {
 
 // Run serves until ctx is cancelled, then closes every session and returns.
 func (d *Daemon) Run(ctx context.Context) error {
+	// systemd: READY=1 now, STATUS/WATCHDOG while serving and draining,
+	// STOPPING=1 when ctx ends; stopped last (see notify.go).
+	defer d.startNotify(ctx)()
 	defer d.closeResources()
+	defer d.serveMetrics()() // stopped before the tiers close
 	stop := context.AfterFunc(ctx, func() {
 		d.closing.Store(true)
 		d.ln.Close()
@@ -289,6 +302,7 @@ func (d *Daemon) closeResources() {
 	if d.ln != nil {
 		d.ln.Close()
 	}
+	d.metrics.closeListener()
 	if d.nvme != nil {
 		if err := d.nvme.Close(); err != nil {
 			d.log.Warn("closing nvme tier", "err", err)
@@ -321,6 +335,7 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 }
 
 func (d *Daemon) refuse(c *net.UnixConn, code shm.ErrCode, msg string) {
+	d.metrics.countRefused(code)
 	e := shm.ErrorMsg{Code: code, Message: msg}
 	if shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode())) != nil {
 		return

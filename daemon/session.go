@@ -298,7 +298,9 @@ func (s *session) loop() error {
 		}
 		m := 0
 		for i := 0; i < n; i++ {
+			t0 := time.Now()
 			later, err := s.dispatch(&sqes[i], &cqes[m])
+			s.d.metrics.observeOp(sqes[i].Op, time.Since(t0))
 			if err != nil {
 				return fmt.Errorf("entry %d (%s, user_data %#x): %w", i, sqes[i].Op, sqes[i].UserData, err)
 			}

@@ -80,7 +80,7 @@ func daemonRole() int {
 		capacity = "64MiB"
 	}
 	// The default slab (64MiB) needs two slabs; size the tier after loading.
-	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", state, "-host-capacity", "128MiB", "-log-level", "debug"})
+	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", state, "-host-capacity", "128MiB", "-log-level", "debug", "-metrics-listen", ""})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "config:", err)
 		return 2
@@ -432,7 +432,7 @@ type inProc struct {
 func startInProc(t testing.TB, capacity string, slab daemon.ByteSize, adjust func(*daemon.Config)) *inProc {
 	t.Helper()
 	dir := tmpDir(t)
-	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB"})
+	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""})
 	if err != nil {
 		t.Fatal(err)
 	}

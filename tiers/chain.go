@@ -33,6 +33,11 @@ type ChainConfig struct {
 	// the backstop when the mover falls behind.
 	Policy string
 	Logger *slog.Logger
+	// ObserveSwapIn and ObserveSwapOut, if set, are called with the time
+	// of each promotion (NVMe → host, in copyUp) and each write-down (host
+	// → NVMe: demotion, park, flush), from mover goroutines. They keep
+	// metrics libraries out of this package.
+	ObserveSwapIn, ObserveSwapOut func(time.Duration)
 }
 
 // ParkedNS is set in the namespace of parked blocks: the KV of a paused
@@ -52,6 +57,7 @@ type Chain struct {
 	NVMe *nvme.Store // nil when the NVMe tier is off
 	cfg  ChainConfig
 	log  *slog.Logger
+	wm   atomic.Pointer[watermarks] // cfg's, until SetWatermarks
 
 	promoCh chan *promotion
 	kick    chan struct{}
@@ -91,6 +97,7 @@ type Chain struct {
 	prefetches, prefetchDrops atomic.Uint64
 	parkErrors, parkExpired   atomic.Uint64
 	polDrops                  atomic.Uint64
+	promoteLost               atomic.Uint64
 	swapInNanos, swapOutNanos atomic.Uint64
 }
 
@@ -161,6 +168,7 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		polKeys:  map[policy.Key]struct{}{},
 		polCh:    make(chan polEvent, 1<<16),
 	}
+	c.wm.Store(&watermarks{high: cfg.HighWatermark, low: cfg.LowWatermark})
 	host.SetOnRemove(func(k Key) { c.note(polEvent{op: polRemove, k: pk(k)}) })
 	return c, nil
 }
@@ -477,7 +485,13 @@ func (c *Chain) copyUp(p *promotion) error {
 	n, err := c.NVMe.Get(nk(p.key), c.Host.Bytes(hd))
 	if err != nil || int64(n) != p.size {
 		c.Host.Abort(hd)
-		c.promoteErrs.Add(1)
+		if errors.Is(err, nvme.ErrNotFound) && !errors.Is(err, nvme.ErrChecksum) {
+			// Evicted from NVMe between the lookup and the read: a miss,
+			// not a fault.
+			c.promoteLost.Add(1)
+		} else {
+			c.promoteErrs.Add(1)
+		}
 		return fmt.Errorf("%w: read %s: %v (%d bytes)", ErrPromote, p.key.Hash, err, n)
 	}
 	if err := c.Host.Commit(hd); err != nil {
@@ -486,7 +500,11 @@ func (c *Chain) copyUp(p *promotion) error {
 	c.Inserted(p.key, policy.AccessInfo{})
 	c.promoted.Add(1)
 	c.promotedBytes.Add(uint64(p.size))
-	c.swapInNanos.Add(uint64(time.Since(t0)))
+	dt := time.Since(t0)
+	c.swapInNanos.Add(uint64(dt))
+	if c.cfg.ObserveSwapIn != nil {
+		c.cfg.ObserveSwapIn(dt)
+	}
 	c.kickDemoter()
 	return nil
 }
@@ -516,7 +534,7 @@ func (c *Chain) Committed() {
 		return
 	}
 	used, capacity := c.Host.Usage()
-	if float64(used) > c.cfg.HighWatermark*float64(capacity) {
+	if high, _ := c.Watermarks(); float64(used) > high*float64(capacity) {
 		c.kickDemoter()
 	}
 }
@@ -541,11 +559,12 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		used, capacity := c.Host.Usage()
-		if float64(used) <= c.cfg.HighWatermark*float64(capacity) {
+		high, low := c.Watermarks()
+		if float64(used) <= high*float64(capacity) {
 			continue
 		}
 		c.demoteMu.Lock()
-		for float64(used) > c.cfg.LowWatermark*float64(capacity) && ctx.Err() == nil {
+		for float64(used) > low*float64(capacity) && ctx.Err() == nil {
 			if c.demoteBatch(16) == 0 {
 				break
 			}
@@ -561,7 +580,7 @@ func (c *Chain) makeRoom(n int64) {
 	defer c.demoteMu.Unlock()
 	for {
 		used, capacity := c.Host.Usage()
-		if float64(used+n) <= c.cfg.HighWatermark*float64(capacity) || c.demoteBatch(4) == 0 {
+		if high, _ := c.Watermarks(); float64(used+n) <= high*float64(capacity) || c.demoteBatch(4) == 0 {
 			return
 		}
 	}
@@ -601,7 +620,11 @@ func (c *Chain) writeDown(hd *Handle) bool {
 		c.log.Warn("demotion to nvme failed", "block", hd.Key.Hash, "err", err)
 		return false
 	}
-	c.swapOutNanos.Add(uint64(time.Since(t0)))
+	dt := time.Since(t0)
+	c.swapOutNanos.Add(uint64(dt))
+	if c.cfg.ObserveSwapOut != nil {
+		c.cfg.ObserveSwapOut(dt)
+	}
 	return true
 }
 
@@ -767,7 +790,9 @@ type ChainStats struct {
 	Prefetches, PrefetchDropped uint64
 	ParkedBlocks                int
 	ParkErrors, ParkExpired     uint64
+	PromoteLost                 uint64        // evicted from NVMe before the promotion read it
 	SwapIn, SwapOut             time.Duration // total time spent copying
+	PolicyEventDrops            uint64        // policy events dropped on a full queue
 }
 
 // Stats returns the movement counters.
@@ -776,9 +801,10 @@ func (c *Chain) Stats() ChainStats {
 		NVMeHits: c.nvmeHits.Load(), NVMeMisses: c.nvmeMisses.Load(),
 		Demoted: c.demoted.Load(), DemotedBytes: c.demotedBytes.Load(),
 		Promoted: c.promoted.Load(), PromotedBytes: c.promotedBytes.Load(),
-		DemoteErrors: c.demoteErrors.Load(), PromoteErrors: c.promoteErrs.Load(),
+		DemoteErrors: c.demoteErrors.Load(), PromoteErrors: c.promoteErrs.Load(), PromoteLost: c.promoteLost.Load(),
 		Prefetches: c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
 		ParkedBlocks: c.ParkedBlocks(), ParkErrors: c.parkErrors.Load(), ParkExpired: c.parkExpired.Load(),
 		SwapIn: time.Duration(c.swapInNanos.Load()), SwapOut: time.Duration(c.swapOutNanos.Load()),
+		PolicyEventDrops: c.polDrops.Load(),
 	}
 }

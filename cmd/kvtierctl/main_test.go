@@ -159,7 +159,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Skip("starts a daemon and benches for ~3s")
 	}
 	dir := t.TempDir()
-	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB"})
+	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,7 +158,7 @@ func TestReplaySimulate(t *testing.T) {
 func startDaemon(t *testing.T, hostMiB int, nvme bool) string {
 	t.Helper()
 	dir := t.TempDir()
-	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB"}
+	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""}
 	if !nvme {
 		args = append(args, "-no-nvme")
 	}

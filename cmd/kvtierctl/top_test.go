@@ -23,7 +23,7 @@ import (
 func opsDaemon(t *testing.T, nvme bool) string {
 	t.Helper()
 	dir := t.TempDir()
-	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB"}
+	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""}
 	if !nvme {
 		args = append(args, "-no-nvme")
 	}

@@ -1,0 +1,357 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+// Metrics live on a registry owned by the daemon (never the global one), so
+// that two daemons in one process (tests) do not collide. Most families are
+// read from the tiers' own counters at scrape time by statsCollector (no
+// second bookkeeping on the hot path); only the latency histograms are
+// observed where the work happens. docs/metrics.md lists every family.
+
+const metricsNamespace = "kvtier"
+
+// metricsShutdownTimeout bounds how long Run waits for scrapes in flight.
+const metricsShutdownTimeout = 2 * time.Second
+
+// latencyBuckets span 1µs .. ~4.3s: an op on the ring takes microseconds, a
+// swap of a large block from a busy disk can take a second.
+var latencyBuckets = prometheus.ExponentialBuckets(1e-6, 2, 23)
+
+// metrics is the daemon's registry and the instruments observed on the hot
+// paths. A nil *metrics (metrics disabled) is valid: every method is a no-op.
+type metrics struct {
+	reg *prometheus.Registry
+	// ops holds one pre-resolved Observer per valid op, indexed by shm.Op,
+	// so the ring loop observes without a label lookup or an allocation.
+	ops     [16]prometheus.Observer
+	swapIn  prometheus.Histogram
+	swapOut prometheus.Histogram
+
+	refused atomic.Uint64 // connections refused as unauthorized or malformed
+
+	ln  net.Listener // bound in New, served by Run
+	srv *http.Server
+}
+
+func newMetrics(d *Daemon) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	opLatency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Name: "op_duration_seconds",
+		Help:    "Time the ring loop spent executing one submitted op (dispatch only; a promotion an acquire waits for is in kvtier_swap_in_seconds).",
+		Buckets: latencyBuckets,
+	}, []string{"op"})
+	for op := shm.OpLookup; op.Valid(); op++ {
+		m.ops[op] = opLatency.WithLabelValues(op.String())
+	}
+	m.swapIn = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Name: "swap_in_seconds",
+		Help:    "Time to promote one block NVMe → host (room-making demotions, disk read, commit).",
+		Buckets: latencyBuckets,
+	})
+	m.swapOut = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Name: "swap_out_seconds",
+		Help:    "Time to write one block down host → NVMe (demotion, park write-through, flush).",
+		Buckets: latencyBuckets,
+	})
+	m.reg.MustRegister(
+		opLatency, m.swapIn, m.swapOut,
+		&statsCollector{d: d},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Registry returns the daemon's metrics registry, nil when metrics are
+// disabled (metrics.listen = "").
+func (d *Daemon) Registry() *prometheus.Registry {
+	if d.metrics == nil {
+		return nil
+	}
+	return d.metrics.reg
+}
+
+// MetricsAddr returns the address the metrics endpoint is bound to (useful
+// with a ":0" port), nil when metrics are disabled.
+func (d *Daemon) MetricsAddr() net.Addr {
+	if d.metrics == nil || d.metrics.ln == nil {
+		return nil
+	}
+	return d.metrics.ln.Addr()
+}
+
+// observeOp records the latency of one dispatched op. Allocation-free.
+func (m *metrics) observeOp(op shm.Op, dt time.Duration) {
+	if m == nil || int(op) >= len(m.ops) || m.ops[op] == nil {
+		return
+	}
+	m.ops[op].Observe(dt.Seconds())
+}
+
+// swapInHook and swapOutHook are the tier chain's observers (nil when
+// metrics are off, which the chain skips).
+func (m *metrics) swapInHook() func(time.Duration) {
+	if m == nil {
+		return nil
+	}
+	return func(dt time.Duration) { m.swapIn.Observe(dt.Seconds()) }
+}
+
+func (m *metrics) swapOutHook() func(time.Duration) {
+	if m == nil {
+		return nil
+	}
+	return func(dt time.Duration) { m.swapOut.Observe(dt.Seconds()) }
+}
+
+// countRefused counts a connection refused before it became a session for
+// a reason that points at the peer (unauthorized, bad handshake, version).
+func (m *metrics) countRefused(code shm.ErrCode) {
+	if m == nil {
+		return
+	}
+	switch code {
+	case shm.CodeUnauthorized, shm.CodeBadRequest, shm.CodeVersion:
+		m.refused.Add(1)
+	}
+}
+
+// listenMetrics binds the metrics address; New calls it once the daemon
+// can serve. Like an unavailable NVMe tier, a metrics address that cannot
+// be bound (port taken) is logged loudly and the cache serves without the
+// endpoint: the cache matters more than its figures.
+func (d *Daemon) listenMetrics() {
+	if d.metrics == nil {
+		d.log.Info("metrics disabled by configuration")
+		return
+	}
+	ln, err := net.Listen("tcp", d.cfg.Metrics.Listen)
+	if err != nil {
+		d.log.Error("metrics endpoint unavailable; serving without it", "addr", d.cfg.Metrics.Listen, "err", err)
+		return
+	}
+	d.metrics.ln = ln
+	d.log.Info("metrics listening", "addr", ln.Addr().String(), "path", "/metrics")
+}
+
+// closeListener releases a bound address that Run never served.
+func (m *metrics) closeListener() {
+	if m != nil && m.ln != nil {
+		m.ln.Close()
+	}
+}
+
+// serveMetrics serves /metrics until the returned stop is called (Run
+// defers it, so the endpoint answers while sessions drain and is gone
+// before the tiers close).
+func (d *Daemon) serveMetrics() (stop func()) {
+	m := d.metrics
+	if m == nil || m.ln == nil {
+		return func() {}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.InstrumentMetricHandler(m.reg,
+		promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorLog: slogPrinter{d}, Timeout: 10 * time.Second})))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, "kvtierd %s: metrics at /metrics\n", Version)
+	})
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := m.srv.Serve(m.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), metricsShutdownTimeout)
+		defer cancel()
+		if err := m.srv.Shutdown(ctx); err != nil {
+			m.srv.Close()
+		}
+		<-done
+	}
+}
+
+// slogPrinter adapts the daemon's logger to promhttp's ErrorLog.
+type slogPrinter struct{ d *Daemon }
+
+func (p slogPrinter) Println(v ...any) { p.d.log.Warn("metrics scrape", "err", fmt.Sprint(v...)) }
+
+// statsCollector reads the tiers' and the daemon's counters at scrape time.
+type statsCollector struct{ d *Daemon }
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
+}
+
+var (
+	descTierHits      = desc("tier_hits_total", "Acquires (gets) the tier served: host: found resident; nvme: missed the host tier and were promoted from NVMe.", "tier")
+	descTierMisses    = desc("tier_misses_total", "Acquires the tier could not serve (a host miss falls through to nvme; an nvme miss is a miss of the whole chain).", "tier")
+	descTierBytes     = desc("tier_resident_bytes", "Payload bytes held by the tier (host: including reserved and deleted-but-leased blocks).", "tier")
+	descTierBlocks    = desc("tier_resident_blocks", "Committed blocks in the tier's index.", "tier")
+	descTierCapacity  = desc("tier_capacity_bytes", "Configured capacity of the tier.", "tier")
+	descTierEvictions = desc("tier_evictions_total", "Blocks dropped by the tier to make room (not demotions: those are kvtier_moves_total).", "tier")
+
+	descHostReserved    = desc("host_reserved_blocks", "Host reservations not yet committed or aborted.")
+	descHostLeased      = desc("host_leased_blocks", "Host blocks with at least one lease held by a client.")
+	descHostCompactions = desc("host_compactions_total", "Host slabs freed by compaction.")
+
+	descMoves      = desc("moves_total", "Blocks moved between tiers (host→nvme: demotions and park write-throughs; nvme→host: promotions).", "from", "to")
+	descMovedBytes = desc("moved_bytes_total", "Bytes moved between tiers.", "from", "to")
+	descMoveErrors = desc("move_errors_total", "Failed moves between tiers.", "from", "to")
+	descPrefetch   = desc("prefetches_total", "Promotions queued by a lookup that found blocks only in NVMe.")
+	descPrefDrops  = desc("prefetches_dropped_total", "Prefetches skipped because the promotion queue was full.")
+
+	descSessions     = desc("sessions", "Sessions open now.")
+	descSessionsOpen = desc("sessions_opened_total", "Sessions opened since start.")
+	descParked       = desc("parked_blocks", "Blocks of parked (swapped-out) requests held by the daemon.")
+	descParkExpired  = desc("parked_expired_total", "Parked blocks deleted because their TTL passed.")
+	descErrors       = desc("errors_total", "Errors by kind: hostile_session, checksum_miss, demote, promote, park, policy_event_drop, refused_connection.", "kind")
+
+	descNVMeDisk      = desc("nvme_disk_bytes", "Bytes the NVMe tier's directory occupies on disk (LSM, value log, manifest), last measurement.")
+	descNVMeLimit     = desc("nvme_logical_limit_bytes", "Logical bytes the NVMe tier holds before it evicts (adapts to badger's space amplification).")
+	descNVMePuts      = desc("nvme_puts_total", "Blocks written to the NVMe store.")
+	descNVMeNoSpace   = desc("nvme_no_space_total", "NVMe writes refused because the disk budget was exhausted.")
+	descNVMeGC        = desc("nvme_gc_runs_total", "Badger value-log files rewritten or removed by garbage collection.")
+	descNVMeFlushes   = desc("nvme_lsm_flushes_total", "Memtable flushes forced to publish badger's discard statistics.")
+	descNVMeReindex   = desc("nvme_reindex_blocks", "Blocks re-indexed from disk when the NVMe tier opened.")
+	descNVMeReindexS  = desc("nvme_reindex_seconds", "Time the re-index at open took.")
+	descNVMeReadHits  = desc("nvme_store_hits_total", "Reads the NVMe store served (promotions and prefetches).")
+	descNVMeReadMisss = desc("nvme_store_misses_total", "Reads the NVMe store could not serve (absent or failed verification).")
+
+	descBuildInfo = desc("build_info", "Always 1; labels carry the daemon version and the replacement policy.", "version", "policy")
+)
+
+// Describe implements prometheus.Collector.
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		descTierHits, descTierMisses, descTierBytes, descTierBlocks, descTierCapacity, descTierEvictions,
+		descHostReserved, descHostLeased, descHostCompactions,
+		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops,
+		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
+		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
+		descNVMeReindex, descNVMeReindexS, descNVMeReadHits, descNVMeReadMisss,
+		descBuildInfo,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. It runs on the HTTP server's
+// goroutine; Run stops that server before the tiers close.
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	counter := func(desc *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+	}
+
+	hs := d.host.Stats()
+	counter(descTierHits, hs.Hits, "host")
+	counter(descTierMisses, hs.Misses, "host")
+	gauge(descTierBytes, float64(hs.UsedBytes), "host")
+	gauge(descTierBlocks, float64(hs.Blocks), "host")
+	gauge(descTierCapacity, float64(hs.CapacityBytes), "host")
+	counter(descTierEvictions, hs.Evictions, "host")
+	gauge(descHostReserved, float64(hs.Reserved))
+	gauge(descHostLeased, float64(hs.Leased))
+	counter(descHostCompactions, hs.Compactions)
+
+	cs := d.chain.Stats()
+	var checksumMisses uint64
+	if d.nvme != nil {
+		ns := d.nvme.Stats()
+		checksumMisses = ns.ChecksumMisses
+		counter(descTierHits, cs.NVMeHits, "nvme")
+		counter(descTierMisses, cs.NVMeMisses, "nvme")
+		gauge(descTierBytes, float64(ns.Bytes), "nvme")
+		gauge(descTierBlocks, float64(ns.Blocks), "nvme")
+		gauge(descTierCapacity, float64(ns.Capacity), "nvme")
+		counter(descTierEvictions, ns.Evictions, "nvme")
+		gauge(descNVMeDisk, float64(ns.DiskBytes))
+		gauge(descNVMeLimit, float64(ns.LogicalLimit))
+		counter(descNVMePuts, ns.Puts)
+		counter(descNVMeNoSpace, ns.NoSpace)
+		counter(descNVMeGC, ns.GCRuns)
+		counter(descNVMeFlushes, ns.LSMFlushes)
+		gauge(descNVMeReindex, float64(ns.ReindexBlocks))
+		gauge(descNVMeReindexS, ns.ReindexDuration.Seconds())
+		counter(descNVMeReadHits, ns.Hits)
+		counter(descNVMeReadMisss, ns.Misses)
+	}
+
+	counter(descMoves, cs.Demoted, "host", "nvme")
+	counter(descMovedBytes, cs.DemotedBytes, "host", "nvme")
+	counter(descMoveErrors, cs.DemoteErrors, "host", "nvme")
+	counter(descMoves, cs.Promoted, "nvme", "host")
+	counter(descMovedBytes, cs.PromotedBytes, "nvme", "host")
+	counter(descMoveErrors, cs.PromoteErrors, "nvme", "host")
+	counter(descPrefetch, cs.Prefetches)
+	counter(descPrefDrops, cs.PrefetchDropped)
+	gauge(descParked, float64(cs.ParkedBlocks))
+	counter(descParkExpired, cs.ParkExpired)
+
+	d.mu.Lock()
+	open := len(d.sessions)
+	d.mu.Unlock()
+	gauge(descSessions, float64(open))
+	counter(descSessionsOpen, d.sessionsTotal.Load())
+
+	var refused uint64
+	if d.metrics != nil {
+		refused = d.metrics.refused.Load()
+	}
+	for _, e := range []struct {
+		kind string
+		v    uint64
+	}{
+		{"hostile_session", d.sessionsBad.Load()},
+		{"checksum_miss", checksumMisses},
+		{"demote", cs.DemoteErrors},
+		{"promote", cs.PromoteErrors},
+		{"park", cs.ParkErrors},
+		{"policy_event_drop", cs.PolicyEventDrops},
+		{"refused_connection", refused},
+	} {
+		counter(descErrors, e.v, e.kind)
+	}
+	gauge(descBuildInfo, 1, Version, d.chain.PolicyName())
+}
+
+// validListen checks a metrics.listen value: "" or host:port with a numeric
+// port (the host may be empty, an IP or a name).
+func validListen(s string) error {
+	if s == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q is not a number in 0..65535", port)
+	}
+	return nil
+}
