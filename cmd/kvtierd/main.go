@@ -1,6 +1,10 @@
 // Command kvtierd is the per-host KV-cache tiering daemon. With no flags it
 // runs on embedded defaults; see -h for overrides and the optional TOML
 // config file.
+//
+// Signals: SIGTERM and SIGINT drain and stop (bounded; see daemon.Run);
+// SIGHUP reads the configuration again (the -config file as it is now, the
+// same flags) and applies what can change live (see daemon.Reload).
 package main
 
 import (
@@ -16,6 +20,12 @@ import (
 )
 
 func main() {
+	// SIGHUP's default action kills the process: catch it before anything
+	// slow (arena, NVMe reindex) so an early reload is queued, not fatal.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	cfg, err := daemon.LoadFromArgs(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -32,7 +42,28 @@ func main() {
 		log.Error("kvtierd failed to start", "err", err)
 		os.Exit(1)
 	}
-	if err := d.Run(ctx); err != nil {
+	reloads := make(chan struct{})
+	go func() {
+		defer close(reloads)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+			}
+			log.Info("SIGHUP: reloading configuration")
+			next, err := daemon.ReloadFromArgs(os.Args[1:], d.Config())
+			if err != nil {
+				log.Error("configuration reload failed; keeping the running configuration", "err", err)
+				continue
+			}
+			_ = d.Reload(next) // logs what it applied, ignored or refused
+		}
+	}()
+	err = d.Run(ctx)
+	stop()
+	<-reloads
+	if err != nil {
 		log.Error("kvtierd stopped with error", "err", err)
 		os.Exit(1)
 	}

@@ -1,0 +1,370 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/tiers/nvme"
+)
+
+// testConfig is a small daemon config under t.TempDir(): an 8MiB host tier
+// in 1MiB slabs, no NVMe tier, no metrics endpoint.
+func testConfig(t *testing.T) Config {
+	t.Helper()
+	dir := t.TempDir()
+	c, err := fakeEnv(os.Geteuid(), nil, bigMem).load("", func(c *Config) {
+		c.RuntimeDir = filepath.Join(dir, "run")
+		c.StateDir = filepath.Join(dir, "state")
+		c.Host.Capacity, c.Host.SlabBytes, c.Host.Prefault = 8*MiB, MiB, false
+		c.NVMe.Enabled = false
+		c.Metrics.Listen = ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// running is a daemon served by Run in a goroutine.
+type running struct {
+	d      *Daemon
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startDaemon(t *testing.T, cfg Config, log *slog.Logger) *running {
+	t.Helper()
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	d, err := New(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{d: d, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- d.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+// stop cancels Run and waits for it (at most 30s); it returns how long
+// Run took to return. Calling it again returns 0.
+func (r *running) stop(t *testing.T) time.Duration {
+	t.Helper()
+	if r.done == nil {
+		return 0
+	}
+	t0 := time.Now()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of cancel")
+	}
+	r.done = nil
+	return time.Since(t0)
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func testNamespace(blockBytes int) client.Namespace {
+	return client.Namespace{ModelID: "lifecycle", Layers: 1, KVHeads: 1, HeadDim: 64, DType: "bf16",
+		TokensPerBlock: 16, TPSize: 1, BlockBytes: uint64(blockBytes)}
+}
+
+func testHash(i int) client.Hash {
+	return client.HashBlock(client.Hash{}, []uint32{uint32(i), 7, 7, 7})
+}
+
+// putBlocks stores n blocks (0..n-1) of the session's block size.
+func putBlocks(t *testing.T, s *client.Session, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		b := bytes.Repeat([]byte{byte(i + 1)}, s.BlockBytes())
+		if _, err := s.Put(ctx, testHash(i), b); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+}
+
+// TestShutdownDrains measures the SIGTERM path (Run's ctx cancelled) with a
+// session busy on the ring: it ends within a bound, refuses new sessions,
+// ends the busy session with an error rather than a hang, writes the host
+// tier down to NVMe and closes Badger (the store reopens with the blocks).
+func TestShutdownDrains(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.NVMe.Enabled, cfg.NVMe.Capacity, cfg.NVMe.FlushOnStop = true, 64*MiB, true
+	r := startDaemon(t, cfg, nil)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: cfg.Socket, Name: "drain-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Open(ctx, testNamespace(64*KiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blocks = 32 // 2MiB: under the host tier's high watermark, so only the flush writes them down
+	putBlocks(t, s, blocks)
+
+	// A client busy with ops while the daemon stops.
+	busyErr := make(chan error, 1)
+	go func() {
+		dst := make([]byte, s.BlockBytes())
+		for i := 0; ; i++ {
+			if err := s.Get(ctx, testHash(i%blocks), dst); err != nil {
+				busyErr <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+
+	took := r.stop(t)
+	t.Logf("drain took %v", took)
+	// The bound of the systemd unit is 90s (TimeoutStopSec); a small idle
+	// daemon must be far below it.
+	if took > 5*time.Second {
+		t.Errorf("shutdown took %v, want < 5s", took)
+	}
+	select {
+	case err := <-busyErr:
+		t.Logf("busy session ended with: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a session busy during shutdown was left hanging")
+	}
+	// No new sessions: the socket is gone.
+	if _, err := net.Dial("unixpacket", cfg.Socket); err == nil {
+		t.Error("the socket still accepts connections after Run returned")
+	}
+	if _, err := os.Stat(cfg.Socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left behind: %v", err)
+	}
+	// Badger was closed (its lock is free) and holds the written-down tier.
+	st, err := nvme.Open(ctx, nvme.Options{Dir: filepath.Join(cfg.StateDir, "nvme"), CapacityBytes: 64 * MiB,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("reopen nvme tier: %v", err)
+	}
+	defer st.Close()
+	if n := st.Stats().Blocks; n != blocks {
+		t.Errorf("nvme tier holds %d blocks after shutdown, want the %d written down", n, blocks)
+	}
+}
+
+// TestSecondDaemonRefused: a second kvtierd on the same state dir, or on
+// the same socket with another state dir, refuses to start and says why.
+func TestSecondDaemonRefused(t *testing.T) {
+	cfg := testConfig(t)
+	startDaemon(t, cfg, nil)
+
+	t.Run("same state dir", func(t *testing.T) {
+		other := cfg
+		other.RuntimeDir = filepath.Join(t.TempDir(), "run")
+		other.Socket = filepath.Join(other.RuntimeDir, socketName)
+		_, err := New(other, slog.New(slog.DiscardHandler))
+		if err == nil || !strings.Contains(err.Error(), "another kvtierd holds the state dir "+cfg.StateDir) {
+			t.Fatalf("New = %v, want the state lock refusal", err)
+		}
+	})
+	t.Run("same socket", func(t *testing.T) {
+		other := cfg
+		other.StateDir = filepath.Join(t.TempDir(), "state")
+		_, err := New(other, slog.New(slog.DiscardHandler))
+		if err == nil || !strings.Contains(err.Error(), "another kvtierd is serving "+cfg.Socket) {
+			t.Fatalf("New = %v, want the live socket refusal", err)
+		}
+	})
+	// The first daemon is unharmed: its socket still answers.
+	c, err := client.Dial(context.Background(), client.Options{Socket: cfg.Socket})
+	if err != nil {
+		t.Fatalf("first daemon no longer answers: %v", err)
+	}
+	c.Close()
+}
+
+// TestReload applies a new configuration to a running daemon with a
+// session open: the level and watermarks change live, the fields that need
+// a restart are named in one warning, and the session keeps working.
+func TestReload(t *testing.T) {
+	cfg := testConfig(t)
+	logs := &syncBuffer{}
+	cfg.Log.Format = "json"
+	log := cfg.Log.NewLogger(logs)
+	r := startDaemon(t, cfg, log)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: cfg.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Open(ctx, testNamespace(64*KiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	putBlocks(t, s, 4)
+
+	log.Debug("before reload") // filtered at info
+	next := cfg
+	next.Log.Level = "debug"
+	next.Host.HighWatermark, next.Host.LowWatermark = 0.7, 0.5
+	next.Host.Capacity = 16 * MiB                             // the arena is sealed
+	next.Socket = filepath.Join(cfg.RuntimeDir, "other.sock") // clients are bound to it
+	next.Auth.GIDs = []uint32{}                               // same as nil: not a change
+	if err := r.d.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	log.Debug("after reload")
+
+	if h, l := r.d.chain.Watermarks(); h != 0.7 || l != 0.5 {
+		t.Errorf("watermarks = %v/%v, want 0.7/0.5", h, l)
+	}
+	got := r.d.Config()
+	if got.Log.Level != "debug" || got.Host.HighWatermark != 0.7 || got.Host.Capacity != cfg.Host.Capacity || got.Socket != cfg.Socket {
+		t.Errorf("config in effect = %+v", got)
+	}
+	// The session survived: its blocks and ops still work.
+	dst := make([]byte, s.BlockBytes())
+	if err := s.Get(ctx, testHash(3), dst); err != nil || dst[0] != 4 {
+		t.Fatalf("get after reload: %v (first byte %d)", err, dst[0])
+	}
+
+	// An invalid configuration is refused as a whole.
+	bad := next
+	bad.Host.LowWatermark = 0.9 // above high
+	bad.Log.Level = "info"
+	if err := r.d.Reload(bad); err == nil {
+		t.Error("Reload accepted low_watermark > high_watermark")
+	}
+	if r.d.Config().Log.Level != "debug" {
+		t.Error("a refused reload changed the log level")
+	}
+
+	r.stop(t)
+	var sawRestart, sawReloaded, sawBefore, sawAfter bool
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q: %v", line, err)
+		}
+		if m["time"] == nil || m["level"] == nil || m["msg"] == nil {
+			t.Errorf("log line lacks time/level/msg: %q", line)
+		}
+		switch m["msg"] {
+		case "configuration changes need a restart; ignored until then":
+			sawRestart = true
+			if m["level"] != "WARN" || m["fields"] != "socket,host.capacity" {
+				t.Errorf("restart warning = %v", m)
+			}
+		case "configuration reloaded":
+			sawReloaded = true
+			if m["applied"] != "log.level,host.high_watermark,host.low_watermark" {
+				t.Errorf("reloaded = %v", m)
+			}
+		case "before reload":
+			sawBefore = true
+		case "after reload":
+			sawAfter = true
+		}
+	}
+	if !sawRestart || !sawReloaded || sawBefore || !sawAfter {
+		t.Errorf("logs: restart warning %v, reloaded %v, debug before reload %v (want false), debug after %v",
+			sawRestart, sawReloaded, sawBefore, sawAfter)
+	}
+}
+
+// TestReloadFromArgs reads the file again with the same flags; an unset
+// host.capacity keeps the running arena's size instead of being sized from
+// memory again.
+func TestReloadFromArgs(t *testing.T) {
+	dir := t.TempDir()
+	path := writeTOML(t, `
+[host]
+slab_bytes = "1MiB"
+high_watermark = 0.8
+low_watermark = 0.6
+[nvme]
+enabled = false
+`)
+	args := []string{"-config", path, "-runtime-dir", filepath.Join(dir, "run"), "-state-dir", filepath.Join(dir, "state"), "-log-level", "warn"}
+	running := Config{Host: HostConfig{Capacity: 6 * MiB}}
+	c, err := ReloadFromArgs(args, running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Host.Capacity != 6*MiB || c.Host.HighWatermark != 0.8 || c.Log.Level != "warn" || c.NVMe.Enabled {
+		t.Errorf("reloaded config = %+v", c)
+	}
+	if _, err := ReloadFromArgs(append(args, "-host-capacity", "4MiB"), running); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(path, []byte("[host]\nbogus = 1\n"), 0o600)
+	if _, err := ReloadFromArgs(args, running); err == nil || !strings.Contains(err.Error(), "unknown key") {
+		t.Errorf("reload of a bad file = %v, want unknown key", err)
+	}
+}
+
+// TestLoggerLevelVar: NewLogger's level follows its LevelVar, and derived
+// loggers share it.
+func TestLoggerLevelVar(t *testing.T) {
+	var buf bytes.Buffer
+	log := LogConfig{Level: "warn", Format: "json"}.NewLogger(&buf)
+	child := log.With("k", "v")
+	child.Info("hidden")
+	lv := levelVarOf(log)
+	if lv == nil {
+		t.Fatal("no LevelVar on a NewLogger logger")
+	}
+	lv.Set(slog.LevelInfo)
+	child.Info("shown")
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatalf("%q: %v", buf.String(), err)
+	}
+	if m["msg"] != "shown" || m["k"] != "v" || m["level"] != "INFO" {
+		t.Errorf("got %v", m)
+	}
+	if levelVarOf(slog.New(slog.DiscardHandler)) != nil {
+		t.Error("LevelVar found on a foreign logger")
+	}
+}

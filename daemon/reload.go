@@ -1,0 +1,138 @@
+package daemon
+
+import (
+	"fmt"
+	"io"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+
+	sdnotify "github.com/coreos/go-systemd/v22/daemon"
+)
+
+// reloadState is the part of the daemon a configuration reload changes.
+// d.cfg stays the configuration the daemon started with (read without
+// locks everywhere); cur is the configuration in effect: d.cfg with the
+// live fields of every accepted reload applied.
+type reloadState struct {
+	mu     sync.Mutex // serializes Reload
+	cur    Config
+	loaded bool // cur is set (else it is d.cfg)
+}
+
+// liveFields are the configuration fields Reload applies to a running
+// daemon, by dotted TOML name. Every other field needs a restart: the host
+// arena is one sealed memfd mapped by every client (host.*: capacity,
+// slab_bytes, hugepages), the socket and directories are what clients and
+// the state lock are bound to, the NVMe store sizes its value-log files
+// from its capacity when it opens, and the rest is read once at start.
+var liveFields = []string{"log.level", "host.high_watermark", "host.low_watermark"}
+
+// Config returns the configuration in effect: the one the daemon started
+// with, plus the live fields of the reloads applied since.
+func (d *Daemon) Config() Config {
+	d.reload.mu.Lock()
+	defer d.reload.mu.Unlock()
+	return d.currentLocked()
+}
+
+func (d *Daemon) currentLocked() Config {
+	if d.reload.loaded {
+		return d.reload.cur
+	}
+	return d.cfg
+}
+
+// Reload applies next (typically the config file read again on SIGHUP) to
+// the running daemon without dropping sessions: the log level and the host
+// tier's watermarks change at once. Fields that can only change with a
+// restart are named in one warning and otherwise ignored, so the next
+// reload names them again until the daemon restarts. An invalid next is
+// refused as a whole. systemd sees RELOADING=1 … READY=1 around it.
+func (d *Daemon) Reload(next Config) error {
+	d.reload.mu.Lock()
+	defer d.reload.mu.Unlock()
+	d.notify(sdnotify.SdNotifyReloading + "\n" + sdnotify.SdNotifyMonotonicUsec())
+	defer func() { d.notify(sdnotify.SdNotifyReady + "\nSTATUS=" + d.statusLine(false)) }()
+	if err := next.Validate(); err != nil {
+		d.log.Error("configuration reload refused; keeping the running configuration", "err", err)
+		return fmt.Errorf("reload: %w", err)
+	}
+	cur := d.currentLocked()
+	var applied, ignored []string
+	for _, f := range diffConfig(cur, next) {
+		if slices.Contains(liveFields, f) {
+			applied = append(applied, f)
+		} else {
+			ignored = append(ignored, f)
+		}
+	}
+	if slices.Contains(applied, "log.level") {
+		lv := levelVarOf(d.log)
+		if lv == nil {
+			// Only loggers built by LogConfig.NewLogger have a level to set.
+			applied = slices.DeleteFunc(applied, func(f string) bool { return f == "log.level" })
+			ignored = append(ignored, "log.level")
+		} else {
+			lvl, _ := parseLevel(next.Log.Level) // validated
+			lv.Set(lvl)
+			cur.Log.Level = next.Log.Level
+		}
+	}
+	if cur.Host.HighWatermark != next.Host.HighWatermark || cur.Host.LowWatermark != next.Host.LowWatermark {
+		if err := d.chain.SetWatermarks(next.Host.HighWatermark, next.Host.LowWatermark); err != nil {
+			return fmt.Errorf("reload: %w", err) // Validate checks the same bounds
+		}
+		cur.Host.HighWatermark, cur.Host.LowWatermark = next.Host.HighWatermark, next.Host.LowWatermark
+	}
+	d.reload.cur, d.reload.loaded = cur, true
+	if len(ignored) > 0 {
+		d.log.Warn("configuration changes need a restart; ignored until then", "fields", strings.Join(ignored, ","))
+	}
+	d.log.Info("configuration reloaded", "applied", strings.Join(applied, ","),
+		"log_level", cur.Log.Level, "high_watermark", cur.Host.HighWatermark, "low_watermark", cur.Host.LowWatermark)
+	return nil
+}
+
+// ReloadFromArgs reads the configuration again as kvtierd started with args
+// (os.Args[1:]): defaults, the -config file as it is now, the same flags.
+// An unset host.capacity keeps running's (sizing it from free memory again
+// would count the daemon's own arena as used).
+func ReloadFromArgs(args []string, running Config) (Config, error) {
+	e := systemEnv()
+	e.HostCapacity = running.Host.Capacity
+	return loadFromArgs(e, args, io.Discard)
+}
+
+// diffConfig lists, by dotted TOML name, the fields whose values differ.
+func diffConfig(a, b Config) []string {
+	var out []string
+	walkConfig(reflect.ValueOf(a), reflect.ValueOf(b), "", &out)
+	return out
+}
+
+func walkConfig(a, b reflect.Value, prefix string, out *[]string) {
+	t := a.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		if prefix != "" {
+			name = prefix + "." + name
+		}
+		fa, fb := a.Field(i), b.Field(i)
+		if f.Type.Kind() == reflect.Struct {
+			walkConfig(fa, fb, name, out)
+			continue
+		}
+		if f.Type.Kind() == reflect.Slice && fa.Len() == 0 && fb.Len() == 0 {
+			continue // nil and [] (an empty TOML array) mean the same
+		}
+		if !reflect.DeepEqual(fa.Interface(), fb.Interface()) {
+			*out = append(*out, name)
+		}
+	}
+}
