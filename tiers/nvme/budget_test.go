@@ -28,14 +28,14 @@ func TestDiskBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i%16 == 0 {
-			if d := dirUsage(dir); d > peak {
+			if d := storeUsage(dir); d > peak {
 				peak = d
 			}
 		}
 	}
 	// Let a maintenance pass run, then measure.
 	time.Sleep(500 * time.Millisecond)
-	final := dirUsage(dir)
+	final := storeUsage(dir)
 	st := s.Stats()
 	t.Logf("capacity %d MiB: peak %.1f MiB, final %.1f MiB, logical %.1f MiB in %d blocks, limit %.1f MiB; evictions %d, GC runs %d, LSM flushes %d, ErrNoSpace %d",
 		capacity>>20, float64(peak)/(1<<20), float64(final)/(1<<20), float64(st.Bytes)/(1<<20), st.Blocks,
@@ -59,10 +59,14 @@ func TestDiskBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for dirUsage(dir) > capacity/4 && time.Now().Before(deadline) {
+	for storeUsage(dir) > capacity/4 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if d := dirUsage(dir); d > capacity/4 {
+	if d := storeUsage(dir); d > capacity/4 {
 		t.Fatalf("after DeleteNS the directory still holds %.1f MiB", float64(d)/(1<<20))
 	}
 }
+
+// storeUsage is the allocated size of the store: badger's files and the
+// segment files.
+func storeUsage(dir string) int64 { return dirUsage(dir) + dirUsage(filepath.Join(dir, segDirName)) }

@@ -95,7 +95,7 @@ func TestTornValueLogTail(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	vlogs, _ := filepath.Glob(filepath.Join(dir, "*.vlog"))
+	vlogs, _ := filepath.Glob(filepath.Join(dir, segDirName, "*"+segSuffix))
 	sort.Strings(vlogs)
 	head := vlogs[len(vlogs)-1]
 	fi, _ := os.Stat(head)
@@ -144,7 +144,7 @@ func TestCorruptValueLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Flip bytes in the middle of the largest value-log file.
-	vlogs, _ := filepath.Glob(filepath.Join(dir, "*.vlog"))
+	vlogs, _ := filepath.Glob(filepath.Join(dir, segDirName, "*"+segSuffix))
 	var largest string
 	var lsz int64
 	for _, v := range vlogs {

@@ -17,3 +17,13 @@ func allocated(fi fs.FileInfo) int64 {
 	}
 	return fi.Size()
 }
+
+// fsAvail returns the bytes available to unprivileged writers on dir's
+// filesystem.
+func fsAvail(dir string) (int64, bool) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, false
+	}
+	return int64(st.Bavail) * int64(st.Bsize), true
+}

@@ -2,7 +2,6 @@ package nvme
 
 import (
 	"encoding/binary"
-	"errors"
 
 	"github.com/kvtier/kvtier/shm"
 	"github.com/zeebo/xxh3"
@@ -20,15 +19,14 @@ const (
 
 	keyLen = 1 + 4 + 16
 
-	// HeaderSize is the size of the header stored in front of every block.
-	HeaderSize = 32
+	// HeaderSize is the size of the index record badger stores per block
+	// (the payload itself lives in a segment file).
+	HeaderSize = recordLen
 
-	formatVersion = 1
+	formatVersion = 2
 )
 
-var magic = [4]byte{'k', 'v', 't', 'B'}
-
-var errCorrupt = errors.New("block failed verification")
+var magic = [4]byte{'k', 'v', 't', 'I'}
 
 func encodeKey(b *[keyLen]byte, k Key) {
 	b[0] = prefixBlock
@@ -60,81 +58,74 @@ func checksum(kb *[keyLen]byte, hdr []byte, payload []byte) xxh3.Uint128 {
 	return xxh3.Hash128Seed(payload, xxh3.Hash(seedBuf[:]))
 }
 
-// encodeValue writes header+payload into dst (len ≥ HeaderSize+len(payload)).
-func encodeValue(dst []byte, kb *[keyLen]byte, payload []byte) []byte {
-	v := dst[:HeaderSize+len(payload)]
-	copy(v[0:4], magic[:])
-	v[4] = formatVersion
-	v[5] = 0
-	v[6], v[7] = 0, 0
-	binary.LittleEndian.PutUint64(v[8:16], uint64(len(payload)))
-	copy(v[HeaderSize:], payload)
-	sum := checksum(kb, v[:16], v[HeaderSize:])
-	binary.LittleEndian.PutUint64(v[16:24], sum.Hi)
-	binary.LittleEndian.PutUint64(v[24:32], sum.Lo)
-	return v
-}
-
-// decodeInto copies the payload of the stored value v into dst and verifies
-// it there (copy first, then check the copy: the source is an mmap of a
-// file that anything may have scribbled on). It returns the payload length.
-// On error the contents of dst are unspecified.
-func decodeInto(kb *[keyLen]byte, v []byte, dst []byte) (int, error) {
-	if len(v) < HeaderSize {
-		return 0, errCorrupt
-	}
-	var hdr [HeaderSize]byte
-	copy(hdr[:], v[:HeaderSize])
-	if [4]byte(hdr[0:4]) != magic || hdr[4] != formatVersion {
-		return 0, errCorrupt
-	}
-	n64 := binary.LittleEndian.Uint64(hdr[8:16])
-	if n64 != uint64(len(v)-HeaderSize) {
-		return 0, errCorrupt // torn or length-corrupted value
-	}
-	n := int(n64)
-	if n > len(dst) {
-		return n, errShort
-	}
-	copy(dst[:n], v[HeaderSize:])
-	sum := checksum(kb, hdr[:16], dst[:n])
-	if sum.Hi != binary.LittleEndian.Uint64(hdr[16:24]) || sum.Lo != binary.LittleEndian.Uint64(hdr[24:32]) {
-		return 0, errCorrupt
-	}
-	return n, nil
-}
-
-var errShort = errors.New("short buffer")
-
-// sizeFromValueSize recovers the exact payload size from badger's
-// Item.ValueSize for a value stored in the value log, without reading it.
+// The index record badger stores under a block's key (recLen bytes):
 //
-// Badger computes ValueSize = vp.Len - (len(key)+8) - 6 - 4, where vp.Len
-// is the length of the value-log entry: header (meta, userMeta,
-// uvarint(klen), uvarint(vlen), uvarint(expiresAt)) + key with timestamp +
-// value + crc32. For our keys (21 bytes + 8 ts → klen 29, one varint byte)
-// and expiresAt 0 (one byte), vp.Len = 4 + uvarintLen(vlen) + 29 + vlen + 4,
-// hence ValueSize = vlen + uvarintLen(vlen) - 2. TestReindexExactSizes pins
-// this against the badger version in go.mod; if a size cannot be solved the
-// caller falls back to the approximation and Get corrects it.
-func sizeFromValueSize(vs int64) (int64, bool) {
-	for u := int64(1); u <= 10; u++ {
-		vlen := vs + 2 - u
-		if vlen < HeaderSize {
-			continue
-		}
-		if int64(uvarintLen(uint64(vlen))) == u {
-			return vlen - HeaderSize, true
-		}
-	}
-	return 0, false
+//	off size field
+//	0   4    magic "kvtI"
+//	4   1    format version (2)
+//	5   1    flags (0)
+//	6   2    reserved (0)
+//	8   8    payload length, uint64 little-endian
+//	16  16   XXH3-128 (Hi, Lo; LE) of payload, seeded with XXH3-64 of
+//	         (key ‖ record[0:16])
+//	32  4    segment id, uint32 LE
+//	36  4    reserved (0)
+//	40  8    offset of the payload in the segment, uint64 LE
+const recordLen = 48
+
+type record struct {
+	n      int64
+	sumHi  uint64
+	sumLo  uint64
+	seg    uint32
+	offset int64
 }
 
-func uvarintLen(x uint64) int {
-	n := 1
-	for x >= 0x80 {
-		x >>= 7
-		n++
+// newRecord computes the checksum of payload under kb (location unset).
+func newRecord(kb *[keyLen]byte, payload []byte) record {
+	var b [recordLen]byte
+	r := record{n: int64(len(payload))}
+	r.encode(&b)
+	sum := checksum(kb, b[:16], payload)
+	r.sumHi, r.sumLo = sum.Hi, sum.Lo
+	return r
+}
+
+// encode writes the record into b.
+func (r record) encode(b *[recordLen]byte) {
+	*b = [recordLen]byte{}
+	copy(b[0:4], magic[:])
+	b[4] = formatVersion
+	binary.LittleEndian.PutUint64(b[8:16], uint64(r.n))
+	binary.LittleEndian.PutUint64(b[16:24], r.sumHi)
+	binary.LittleEndian.PutUint64(b[24:32], r.sumLo)
+	binary.LittleEndian.PutUint32(b[32:36], r.seg)
+	binary.LittleEndian.PutUint64(b[40:48], uint64(r.offset))
+}
+
+func decodeRecord(v []byte) (record, bool) {
+	if len(v) != recordLen || [4]byte(v[0:4]) != magic || v[4] != formatVersion {
+		return record{}, false
 	}
-	return n
+	r := record{
+		n:      int64(binary.LittleEndian.Uint64(v[8:16])),
+		sumHi:  binary.LittleEndian.Uint64(v[16:24]),
+		sumLo:  binary.LittleEndian.Uint64(v[24:32]),
+		seg:    binary.LittleEndian.Uint32(v[32:36]),
+		offset: int64(binary.LittleEndian.Uint64(v[40:48])),
+	}
+	if r.n < 0 || r.offset < 0 || r.n > 1<<40 {
+		return record{}, false
+	}
+	return r, true
+}
+
+// verify checks payload (already copied to the caller's memory) against r.
+func (r record) verify(kb *[keyLen]byte, payload []byte) bool {
+	var hdr [16]byte
+	copy(hdr[0:4], magic[:])
+	hdr[4] = formatVersion
+	binary.LittleEndian.PutUint64(hdr[8:16], uint64(len(payload)))
+	sum := checksum(kb, hdr[:], payload)
+	return int64(len(payload)) == r.n && sum.Hi == r.sumHi && sum.Lo == r.sumLo
 }

@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
+	"sort"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
 )
 
 // loop is the store's only goroutine. It runs a maintenance pass every
-// GCInterval and whenever Put/Delete wake it (pending garbage over
-// flushBytes, or a Put waiting for room).
+// GCInterval and whenever Put/Delete wake it (a segment became empty, or a
+// Put waits for room).
 func (s *Store) loop(ctx context.Context) {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.GCInterval)
@@ -28,19 +30,14 @@ func (s *Store) loop(ctx context.Context) {
 }
 
 // maintain is one pass:
-//  1. if deletions are pending, force a memtable flush + L0 compaction so
-//     badger learns which value-log bytes are dead (its GC picks files only
-//     from discard stats, which compactions produce);
-//  2. run value-log GC (ratio 0.5) until it has nothing to rewrite;
-//  3. measure the directory; if it is over the soft cap, GC harder (0.2)
-//     and, if still over, lower the logical limit by the excess (adaptive
-//     penalty) and evict down to it; when under, relax the penalty.
+//  1. remove segments no live block points into;
+//  2. compact segments at least half dead (relocate their live blocks to
+//     the head, then remove them);
+//  3. measure the directory; if it is over the soft cap, compact harder
+//     (20% dead) and, if still over, lower the logical limit by the excess
+//     (adaptive penalty) and evict down to it; when under, relax the penalty.
 func (s *Store) maintain(ctx context.Context) {
 	defer s.passFinished()
-	pending := s.pendingGarbage.Load()
-	if pending >= s.flushBytes || (pending > 0 && time.Since(time.Unix(0, s.lastFlush.Load())) >= s.opts.GCInterval) {
-		s.flushLSM(pending)
-	}
 	s.runGC(ctx, 0.5)
 	disk := s.measure()
 	if disk <= s.softCap {
@@ -60,7 +57,6 @@ func (s *Store) maintain(ctx context.Context) {
 	s.mu.Unlock()
 	s.log.Debug("nvme: over soft cap; shrinking logical limit", "disk", disk, "soft_cap", s.softCap, "limit", s.limit())
 	s.evictDown()
-	s.flushLSM(s.pendingGarbage.Load())
 	s.runGC(ctx, 0.5)
 	s.measure()
 }
@@ -72,61 +68,191 @@ func (s *Store) passFinished() {
 	s.mu.Unlock()
 }
 
+// runGC removes empty segments and compacts those whose dead fraction is
+// at least ratio, most dead first. Segments lanes append to, and segments
+// with appends not yet indexed, are skipped.
 func (s *Store) runGC(ctx context.Context, ratio float64) {
-	for i := 0; i < 1000 && ctx.Err() == nil; i++ {
-		err := s.gcOnce(ratio)
-		if err != nil {
-			if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
-				s.log.Warn("nvme: value-log GC failed", "err", err)
+	type cand struct {
+		sg   *segment
+		dead float64
+	}
+	s.segs.retireDeadLanes()
+	var cands []cand
+	for _, sg := range s.segs.snapshot() {
+		if sg.active.Load() || sg.pending.Load() > 0 {
+			continue
+		}
+		size, live := sg.size.Load(), sg.live.Load()
+		if live <= 0 {
+			s.removeSegment(sg.id)
+			continue
+		}
+		if size > 0 {
+			if d := float64(size-live) / float64(size); d >= ratio {
+				cands = append(cands, cand{sg, d})
 			}
+		}
+	}
+	sort.Slice(cands, func(a, b int) bool { return cands[a].dead > cands[b].dead })
+	for _, c := range cands {
+		if ctx.Err() != nil {
 			return
 		}
-		s.gcRuns.Add(1)
+		// Compaction copies before it frees: skip a segment whose live
+		// bytes would not fit under the capacity meanwhile.
+		if s.diskMeasured.Load()+s.writtenSince.Load()+c.sg.live.Load() > s.opts.CapacityBytes {
+			continue
+		}
+		s.compact(ctx, c.sg)
 	}
 }
 
-// gcOnce runs one value-log GC step. Badger v4.9.6's DB.MaxVersion (called
-// at the start of every GC rewrite) reads memTable.maxVersion, which the
-// write goroutine updates without a lock. The race is benign on 64-bit
-// platforms (a stale, lower value only lowers gcDiscardTs, which badger
-// documents as safe), but the race detector reports it, so race-enabled
-// builds pause writes during GC. Production builds run GC concurrently with
-// writes: serializing would stall Puts for the whole file rewrite.
-func (s *Store) gcOnce(ratio float64) error {
-	if raceEnabled {
-		s.gate.Lock()
-		defer s.gate.Unlock()
-	}
-	return s.db.RunValueLogGC(ratio)
-}
-
-// flushLSM forces badger to flush its memtables and compact L0, which
-// publishes discard stats for deleted blocks. Badger has no public flush;
-// DropPrefix of a marker key does exactly this (it blocks writes, flushes
-// every memtable, then compacts L0). Writes are paused via the gate.
-func (s *Store) flushLSM(pending int64) {
-	s.gate.Lock()
-	defer s.gate.Unlock()
-	if err := s.flushLocked(); err != nil {
-		s.log.Warn("nvme: forced LSM flush failed", "err", err)
+func (s *Store) removeSegment(id uint32) {
+	if err := s.segs.remove(id); err != nil {
+		s.log.Warn("nvme: cannot remove segment", "segment", id, "err", err)
 		return
 	}
-	s.pendingGarbage.Add(-pending)
+	s.gcRuns.Add(1)
 }
 
-// flushLocked does the flush; the caller holds s.gate exclusively.
-func (s *Store) flushLocked() error {
-	marker := []byte{prefixMarker}
-	err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(marker, nil) })
-	if err == nil {
-		err = s.db.DropPrefix(marker)
+// compact relocates every live block of sg to the head and removes sg.
+// Each block is moved under its key's stripe lock, read, verified (a block
+// that fails is dropped and counted like a failed Get), appended anew and
+// its index record rewritten; a block whose stripe is busy is left for a
+// later pass.
+func (s *Store) compact(ctx context.Context, sg *segment) {
+	var keys []Key
+	s.mu.Lock()
+	for i := range s.idx.ents {
+		e := &s.idx.ents[i]
+		if e.seg == sg.id && e.size >= 0 {
+			if j, ok := s.idx.m[e.key]; ok && j == int32(i) {
+				keys = append(keys, e.key)
+			}
+		}
 	}
+	s.mu.Unlock()
+	var buf *[]byte
+	defer func() {
+		if buf != nil {
+			s.segs.putBuf(buf)
+		}
+	}()
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			return
+		}
+		s.relocate(k, sg.id, &buf)
+	}
+	if sg.live.Load() <= 0 && sg.pending.Load() == 0 {
+		s.removeSegment(sg.id)
+	}
+}
+
+func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	st := stripeOf(k)
+	if !s.stripes[st].TryLock() {
+		return
+	}
+	defer s.stripes[st].Unlock()
+	s.mu.Lock()
+	i, ok := s.idx.get(k)
+	if !ok || s.idx.ents[i].seg != from {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+
+	var kb [keyLen]byte
+	encodeKey(&kb, k)
+	var (
+		rec record
+		ver uint64
+	)
+	ok = false
+	err := s.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(kb[:])
+		if err != nil {
+			return err
+		}
+		ver = item.Version()
+		return item.Value(func(v []byte) error {
+			rec, ok = decodeRecord(v)
+			return nil
+		})
+	})
+	if errors.Is(err, badger.ErrDBClosed) {
+		return
+	}
+	if err == nil && ok && rec.seg != from {
+		return // not ours (cannot happen under the stripe lock)
+	}
+	if err == nil && ok {
+		if *buf == nil || int64(cap(**buf)) < s.segs.recLen(rec.n) {
+			if *buf != nil {
+				s.segs.putBuf(*buf)
+			}
+			*buf = s.segs.getBuf(int(s.segs.recLen(max(rec.n, 1))))
+		}
+		b := (**buf)[:rec.n]
+		if err = s.segs.read(rec.seg, rec.offset, rec.n, b); err == nil && !rec.verify(&kb, b) {
+			err = errors.New("checksum mismatch")
+		}
+		if err == nil {
+			s.move(k, kb, rec, b)
+			return
+		}
+	} else if err == nil {
+		err = errors.New("malformed index record")
+	}
+	if !errors.Is(err, badger.ErrKeyNotFound) {
+		s.checksumMisses.Add(1)
+		s.log.Warn("nvme: block failed verification during compaction; deleting it", "ns", k.NS, "err", err)
+	}
+	// Drop it: delete the record (if still this version) and the entry.
+	_ = s.db.Update(func(txn *badger.Txn) error {
+		item, gerr := txn.Get(kb[:])
+		if gerr != nil || item.Version() != ver {
+			return nil
+		}
+		return txn.Delete(kb[:])
+	})
+	s.mu.Lock()
+	sz, seg := s.idx.remove(k)
+	s.mu.Unlock()
+	if sz >= 0 {
+		s.segs.release(seg, sz, false)
+	}
+}
+
+// move appends the verified payload b and points k's record at it.
+// Requires k's stripe lock.
+func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
+	seg, off, err := s.segs.append(b)
 	if err != nil {
-		return err
+		s.log.Warn("nvme: compaction append failed", "err", err)
+		return
 	}
-	s.lastFlush.Store(time.Now().UnixNano())
-	s.flushes.Add(1)
-	return nil
+	old := rec.seg
+	rec.seg, rec.offset = seg, off
+	var rb [recordLen]byte
+	rec.encode(&rb)
+	if err := s.db.Update(func(txn *badger.Txn) error { return txn.SetEntry(badger.NewEntry(kb[:], rb[:])) }); err != nil {
+		s.segs.release(seg, rec.n, true)
+		s.log.Warn("nvme: compaction index update failed", "err", err)
+		return
+	}
+	s.mu.Lock()
+	if i, ok := s.idx.get(k); ok {
+		s.idx.ents[i].seg = seg
+	}
+	s.mu.Unlock()
+	s.segs.commit(seg)
+	s.segs.release(old, rec.n, false)
+	s.writtenSince.Add(s.segs.recLen(rec.n))
+	s.moved.Add(1)
 }
 
 // evictDown evicts LRU blocks until the index is under the current limit.
@@ -151,13 +277,12 @@ func (s *Store) evictDown() {
 			}
 			return nil
 		})
-		var freed int64
 		s.mu.Lock()
 		for _, v := range vs {
 			if err != nil {
-				s.idx.put(v.key, v.size, true)
+				s.idx.put(v.key, v.size, v.seg, true)
 			} else {
-				freed += charged(v.size)
+				s.segs.release(v.seg, v.size, false)
 			}
 		}
 		s.mu.Unlock()
@@ -167,21 +292,25 @@ func (s *Store) evictDown() {
 			return
 		}
 		s.evictions.Add(uint64(len(vs)))
-		s.pendingGarbage.Add(freed)
 	}
 }
 
-// measure stats every file in the directory (badger keeps it flat: a few
-// dozen files) and records the allocated total.
+// measure records the allocated size of the badger directory plus the
+// segments directory, and the space left on the filesystem.
 func (s *Store) measure() int64 {
 	w0 := s.writtenSince.Load()
-	d := dirUsage(s.dir)
+	d := dirUsage(s.dir) + dirUsage(filepath.Join(s.dir, segDirName))
 	s.diskMeasured.Store(d)
+	if a, ok := fsAvail(s.dir); ok {
+		s.fsAvail.Store(a)
+	} else {
+		s.fsAvail.Store(1 << 62)
+	}
 	s.writtenSince.Add(-w0)
 	return d
 }
 
-// dirUsage returns the allocated bytes of the regular files under dir.
+// dirUsage returns the allocated bytes of the regular files in dir.
 func dirUsage(dir string) int64 {
 	ents, err := os.ReadDir(dir)
 	if err != nil {

@@ -2,7 +2,7 @@ package nvme
 
 // index is the in-memory block index: key → size, plus an intrusive LRU
 // list. Entries live in one slice linked by int32 indices, so the index holds
-// no pointers (nothing for the GC to scan) and costs ~40 B per entry plus the
+// no pointers (nothing for the GC to scan) and costs 48 B per entry plus the
 // map slot. It is not safe for concurrent use; Store guards it with mu.
 type index struct {
 	m     map[Key]int32
@@ -16,6 +16,7 @@ type index struct {
 type entry struct {
 	key        Key
 	size       int64
+	seg        uint32 // segment holding the payload
 	prev, next int32
 }
 
@@ -81,10 +82,11 @@ func (x *index) touch(i int32) {
 
 // put inserts or updates k as most recently used (or least recently used
 // when cold is set) and returns the previous size (-1 if absent).
-func (x *index) put(k Key, size int64, cold bool) int64 {
+func (x *index) put(k Key, size int64, seg uint32, cold bool) int64 {
 	if i, ok := x.m[k]; ok {
 		old := x.ents[i].size
 		x.ents[i].size = size
+		x.ents[i].seg = seg
 		x.bytes += size - old
 		x.unlink(i)
 		if cold {
@@ -102,7 +104,7 @@ func (x *index) put(k Key, size int64, cold bool) int64 {
 		x.ents = append(x.ents, entry{})
 		i = int32(len(x.ents) - 1)
 	}
-	x.ents[i] = entry{key: k, size: size, prev: nilIdx, next: nilIdx}
+	x.ents[i] = entry{key: k, size: size, seg: seg, prev: nilIdx, next: nilIdx}
 	x.m[k] = i
 	x.bytes += size
 	if cold {
@@ -113,19 +115,20 @@ func (x *index) put(k Key, size int64, cold bool) int64 {
 	return -1
 }
 
-// remove deletes k and returns its size (-1 if absent).
-func (x *index) remove(k Key) int64 {
+// remove deletes k and returns its size (-1 if absent) and segment.
+func (x *index) remove(k Key) (int64, uint32) {
 	i, ok := x.m[k]
 	if !ok {
-		return -1
+		return -1, 0
 	}
+	seg := x.ents[i].seg
 	x.unlink(i)
 	sz := x.ents[i].size
 	x.bytes -= sz
 	delete(x.m, k)
 	x.ents[i] = entry{prev: nilIdx, next: x.free}
 	x.free = i
-	return sz
+	return sz, seg
 }
 
 // walk visits entries from least to most recently used until fn returns false.

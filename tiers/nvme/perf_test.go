@@ -17,7 +17,7 @@ import (
 
 var (
 	flagReindex1M = flag.Bool("nvme.reindex1m", false, "write 1M small blocks, reopen, report the key-only reindex time")
-	flagOptBench  = flag.Bool("nvme.optbench", false, "compare badger option sets with raw direct I/O (2 MiB and 64 KiB blocks)")
+	flagOptBench  = flag.Bool("nvme.optbench", false, "compare badger option sets for the index (2 MiB and 64 KiB blocks; see -nvme.rawbench for the raw-I/O comparison)")
 	flagBenchDir  = flag.String("nvme.benchdir", "", "directory for -nvme.optbench (default: a temp dir)")
 )
 
@@ -225,7 +225,7 @@ func storeRun(t *testing.T, base string, set optSet, bs, n int) (put, cold, hot 
 			t.Error(err)
 		}
 	})
-	if err := s.db.Sync(); err != nil {
+	if err := s.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	put = mbps(total, time.Since(start))

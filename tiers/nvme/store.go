@@ -51,14 +51,13 @@ type Options struct {
 	// Logger receives warnings (corruption, move-aside) and badger's logs.
 	// Nil means slog.Default().
 	Logger *slog.Logger
-	// SyncWrites makes every Put fsync (msync) the value log before it
-	// returns. Default false: a Put is then durable against a process crash
-	// (the data is in the page cache, and the kernel writes it back) but
-	// not against power loss or a kernel crash; after such a loss the last
-	// blocks are misses, never wrong bytes, because every read is verified.
-	// For a cache that trade is right: true costs an fsync per Put and, on
-	// the development machine, cuts Put throughput several-fold (see
-	// BenchmarkOptionSets).
+	// SyncWrites makes every Put fdatasync its segment and sync badger's
+	// WAL before it returns. Default false: a Put is then durable against a
+	// process crash (the payload was written with direct I/O, the index
+	// record is in the page cache) but not against power loss or a kernel
+	// crash; after such a loss the last blocks are misses, never wrong
+	// bytes, because every read is verified. For a cache that trade is
+	// right. Store.Sync gives the same durability for everything Put so far.
 	SyncWrites bool
 	// Unevictable, if set, marks keys the budget never evicts (parked
 	// requests): they leave only by Delete. When they fill the budget, Put
@@ -89,8 +88,9 @@ type Stats struct {
 	Evictions       uint64 // blocks removed to stay under the budget
 	Puts            uint64
 	NoSpace         uint64 // Puts rejected with ErrNoSpace
-	GCRuns          uint64 // value-log files rewritten/removed by GC
-	LSMFlushes      uint64 // forced memtable flushes (to publish discard stats)
+	GCRuns          uint64 // segment files removed (emptied by deletes or compaction)
+	LSMFlushes      uint64 // always 0 since the segment store (kept for compatibility)
+	Relocated       uint64 // blocks moved by segment compaction
 	ReindexBlocks   int
 	ReindexDuration time.Duration
 	MovedAside      string // non-empty if Open found the directory corrupt and moved it here
@@ -103,6 +103,13 @@ const (
 	// and the LSM entry (key, value pointer, index and bloom share), rounded up.
 	blockOverhead    = 192
 	maxVictimsPerPut = 8192
+	// fsReserve is kept free on the filesystem (a capacity larger than the
+	// disk must not fill it): badger writes its memtable through an mmap of
+	// a sparse file, and a write fault on a full filesystem is SIGBUS.
+	fsReserve = 2*16<<20 + 8<<20
+	// overlapHashBytes: Put hashes blocks at least this large concurrently
+	// with their write.
+	overlapHashBytes = 256 << 10
 )
 
 // Store is the NVMe tier. It is safe for concurrent use.
@@ -116,17 +123,17 @@ type Store struct {
 	wg     sync.WaitGroup
 	kick   chan struct{}
 
-	vlogFileSize int64
-	maxBlock     int64
-	flushBytes   int64 // pending deleted bytes that trigger a forced LSM flush
-	baseLimit    int64 // logical limit before the adaptive penalty
-	softCap      int64 // measured disk above this: GC harder, shrink the limit
+	segs        *segStore
+	segFileSize int64
+	maxBlock    int64
+	baseLimit   int64 // logical limit before the adaptive penalty
+	softCap     int64 // measured disk above this: GC harder, shrink the limit
 
 	// life: RLock by every operation that touches db, Lock by Close.
 	life   sync.RWMutex
 	closed bool
-	// gate: RLock by every badger write; Lock by DeleteNS and forced
-	// flushes (badger's DropPrefix fails concurrent writes).
+	// gate: RLock by every write; Lock by DeleteNS (no Put of the
+	// namespace slips in between its snapshot and its tombstones).
 	gate    sync.RWMutex
 	stripes [nStripes]sync.Mutex
 
@@ -135,12 +142,11 @@ type Store struct {
 	penalty  int64
 	passDone chan struct{} // closed after each maintenance pass
 
-	diskMeasured   atomic.Int64
-	writtenSince   atomic.Int64 // bytes put since the last measurement
-	pendingGarbage atomic.Int64 // bytes deleted since the last LSM flush
-	lastFlush      atomic.Int64 // unix nanos
+	diskMeasured atomic.Int64
+	fsAvail      atomic.Int64 // free bytes on the filesystem, last measurement
+	writtenSince atomic.Int64 // bytes put since the last measurement
 
-	hits, misses, checksumMisses, evictions, puts, noSpace, gcRuns, flushes atomic.Uint64
+	hits, misses, checksumMisses, evictions, puts, noSpace, gcRuns, moved atomic.Uint64
 
 	reindexBlocks   int
 	reindexDuration time.Duration
@@ -149,61 +155,42 @@ type Store struct {
 
 func stripeOf(k Key) int { return int((k.Hash.Lo ^ k.Hash.Hi ^ uint64(k.NS)) % nStripes) }
 
-// vlogFileSizeFor picks the value-log file size: 1/32 of the capacity,
+// segFileSizeFor picks the segment file size: 1/32 of the capacity,
 // clamped to [16 MiB, 1 GiB). Smaller files let GC return space in finer
-// steps (a file is the unit of reclamation, and the head file can never be
-// collected) at the price of more files; 16 MiB still holds an 8 MiB block.
-func vlogFileSizeFor(capacity int64) int64 {
+// steps (a file is the unit of reclamation, and the files lanes append to
+// are never collected) at the price of more files; 16 MiB still holds an
+// 8 MiB block.
+func segFileSizeFor(capacity int64) int64 {
 	v := capacity / 32
 	v = max(v, 16<<20)
 	v = min(v, 1<<30-1)
 	return v
 }
 
-// badgerOptions are chosen for 64 KiB–8 MiB values that do not compress.
-// TestOptionSets (-nvme.optbench) on the 2-core development VM, two runs,
-// 4 writers/readers, put time includes a final db.Sync, cold reads after
-// closing and dropping the files' page cache (the VM's disk is noisy: raw
-// O_DIRECT write 2.0–2.5 GB/s, read 1.0–1.25 GB/s):
-//
-//	2 MiB blocks, 1 GiB    put+sync MB/s   cold get MB/s
-//	  these options        734–1148        802–1939
-//	  + SyncWrites         147–542         —
-//	  badger defaults      544–736         1831–1871
-//	64 KiB blocks, 256 MiB
-//	  these options        446–636         1193–1973
-//	  + SyncWrites         45–120          —
-//	  badger defaults      254–378         266–599
-//
-// The big differences are the value threshold for small blocks (defaults
-// keep 64 KiB blocks in the LSM: 2–4× slower reads, compaction churn) and
-// SyncWrites (an fsync per Put). At 2 MiB the sets are within the noise.
-//   - ValueThreshold = HeaderSize: every block (and its header) goes to the
-//     value log; the LSM holds only keys and 12-byte value pointers, so it
-//     stays ~60 B/block, compactions never copy block data, and the key-only
-//     reindex never touches the value log. (Default 1 MiB would keep 64 KiB
-//     blocks in the LSM and rewrite them on every compaction.)
-//   - ValueLogFileSize = vlogFileSizeFor(capacity): see there.
-//   - MemTableSize 16 MiB: entries are ~100 B, so this is ~150k blocks; the
-//     15% batch limit (2.4 MiB) counts pointers, not values, so batches of
-//     large blocks are fine.
-//   - BaseLevelSize 256 MiB: keeps the whole key LSM in one level up to ~4M
-//     blocks, so every L0 compaction reaches the bottom and drops deleted
-//     keys at once — which is when badger learns value-log discard stats,
-//     the only input its GC uses to pick a file.
+// badgerOptions: badger is only the index (21-byte keys, 48-byte records
+// kept inline in the LSM); block payloads never pass through it. With
+// payloads in badger's value log (format 1, these options plus
+// ValueThreshold = 32) TestRawVsStore measured 2 MiB Put+sync at 17–27% of
+// raw O_DIRECT writes on the 2-vCPU development VM (profile: 83% memmove
+// into the value log's mmap, i.e. page faults); with payloads in direct-I/O
+// segments it measures 72–79% single-stream and 64–78% with 2 writers
+// (medians of two 6-round runs; single rounds 51–108%, the disk is noisy),
+// cold Get 76–89% and 81–93% (docs/benchmarks.md).
+//   - MemTableSize 16 MiB (~150k entries), BaseLevelSize 256 MiB (the
+//     whole index in one level up to millions of blocks).
+//   - ValueLogFileSize 16 MiB: badger's value log stays unused (records are
+//     far below the 1 MiB ValueThreshold), so only its empty head file exists.
 //   - NumVersionsToKeep 1, DetectConflicts off (no transactions across
-//     keys), Compression None (KV data does not compress; it only touches
-//     SST blocks anyway), BlockCacheSize 0 and IndexCacheSize 0 (no
-//     compression/encryption → tables are read via mmap, no cache needed).
-//   - VerifyValueChecksum stays false: we verify our own XXH3-128 on every
-//     read, which also binds the value to its key.
-//   - MetricsEnabled false: badger's expvar metrics are process globals.
-func badgerOptions(dir string, o Options, log *slog.Logger, vlogSize int64) badger.Options {
+//     keys), Compression None, BlockCacheSize 0 and IndexCacheSize 0
+//     (tables are read via mmap), MetricsEnabled false (badger's expvar
+//     metrics are process globals).
+//   - SyncWrites follows Options.SyncWrites (then segments are fdatasynced
+//     after every append too).
+func badgerOptions(dir string, o Options, log *slog.Logger) badger.Options {
 	bo := badger.DefaultOptions(dir).
 		WithLogger(badgerLogger{log}).
 		WithSyncWrites(o.SyncWrites).
-		WithValueThreshold(HeaderSize).
-		WithValueLogFileSize(vlogSize).
+		WithValueLogFileSize(16 << 20).
 		WithMemTableSize(16 << 20).
 		WithBaseLevelSize(256 << 20).
 		WithNumVersionsToKeep(1).
@@ -257,19 +244,18 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		kick:     make(chan struct{}, 1),
 		passDone: make(chan struct{}),
 	}
-	s.vlogFileSize = vlogFileSizeFor(opts.CapacityBytes)
-	s.maxBlock = s.vlogFileSize - 1<<20
+	s.segFileSize = segFileSizeFor(opts.CapacityBytes)
+	s.maxBlock = s.segFileSize - 1<<20
 	C := opts.CapacityBytes
-	s.flushBytes = max(s.vlogFileSize, min(C/32, 4*s.vlogFileSize))
-	// Room for: the head value-log file (never collectable), deletions not
-	// yet published to GC, one partly-dead file, the LSM and small files.
-	reserve := 2*s.vlogFileSize + s.flushBytes + 4<<20
+	// Room for: the segments the lanes append to (never collected), one
+	// partly dead segment, the badger index (~100 B/block) and small files.
+	reserve := (nLanes+1)*s.segFileSize + C/64 + 4<<20
 	s.baseLimit = min(C-reserve, C*9/10)
 	if s.baseLimit < C/4 {
 		s.baseLimit = C / 4
 	}
-	s.softCap = C - s.vlogFileSize/2
-	s.lastFlush.Store(time.Now().UnixNano())
+	s.softCap = C - s.segFileSize/2
+	dropOldFormat(dir, log)
 
 	db, err := s.openDB(dir)
 	if err != nil && openErrIsCorruption(err) {
@@ -288,7 +274,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("nvme: open %s: %w", dir, err)
 	}
 	s.db = db
+	if s.segs, err = openSegStore(filepath.Join(dir, segDirName), s.segFileSize, opts.SyncWrites); err != nil {
+		db.Close()
+		lk.release()
+		return nil, fmt.Errorf("nvme: open segments: %w", err)
+	}
 	if err := s.reindex(ctx); err != nil {
+		s.segs.closeAll()
 		db.Close()
 		lk.release()
 		return nil, err
@@ -311,7 +303,24 @@ func (s *Store) openDB(dir string) (db *badger.DB, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	return badger.Open(badgerOptions(dir, s.opts, s.log, s.vlogFileSize))
+	return badger.Open(badgerOptions(dir, s.opts, s.log))
+}
+
+// dropOldFormat empties a directory written by the format-1 store (blocks
+// inside badger's value log, no segments directory): it is a cache, and
+// its value log could no longer be collected.
+func dropOldFormat(dir string, log *slog.Logger) {
+	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); err != nil {
+		return
+	}
+	if _, err := os.Stat(filepath.Join(dir, segDirName)); err == nil {
+		return
+	}
+	log.Warn("nvme: store directory has the old on-disk format; starting empty", "dir", dir)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+	}
 }
 
 // openErrIsCorruption says whether a failed open should move the directory
@@ -342,11 +351,14 @@ func pruneCorrupt(dir, keep string, log *slog.Logger) {
 	}
 }
 
-// reindex rebuilds the index from keys only. Recency after a restart is
-// the badger commit version (write order): the oldest write is evicted
-// first. Reads do not rewrite a key, so read recency of the previous run is
-// not persisted; in the tier chain a block that is read is promoted and,
-// when demoted again, Put anew, which refreshes its version.
+// reindex rebuilds the index from badger (keys and their 48-byte inline
+// records; no block data is read). Recency after a restart is the badger
+// commit version (write order): the oldest write is evicted first. Reads
+// do not rewrite a key, so read recency of the previous run is not
+// persisted; in the tier chain a block that is read is promoted and, when
+// demoted again, Put anew, which refreshes its version. Records that are
+// malformed, point into a missing segment or past a segment's end (a torn
+// tail) are deleted. Segments no record points into are removed.
 func (s *Store) reindex(ctx context.Context) error {
 	start := time.Now()
 	type kv struct {
@@ -356,6 +368,11 @@ func (s *Store) reindex(ctx context.Context) error {
 	x := newIndex(0)
 	var order []kv
 	var bad [][]byte
+	segSize := map[uint32]int64{}
+	for _, sg := range s.segs.snapshot() {
+		segSize[sg.id] = sg.size.Load()
+	}
+	live := map[uint32]int64{}
 	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Prefix: []byte{prefixBlock}})
 		defer it.Close()
@@ -366,15 +383,27 @@ func (s *Store) reindex(ctx context.Context) error {
 			}
 			item := it.Item()
 			k, ok := decodeKey(item.Key())
+			var rec record
+			if ok && item.ValueSize() == recordLen {
+				if err := item.Value(func(v []byte) error {
+					rec, ok = decodeRecord(v)
+					return nil
+				}); err != nil {
+					ok = false
+				}
+			} else {
+				ok = false
+			}
+			if ok {
+				sz, exists := segSize[rec.seg]
+				ok = exists && rec.offset+s.segs.recLen(rec.n) <= sz
+			}
 			if !ok {
 				bad = append(bad, item.KeyCopy(nil))
 				continue
 			}
-			size, ok := sizeFromValueSize(item.ValueSize())
-			if !ok {
-				size = max(item.ValueSize()-HeaderSize, 0) // corrected by Get
-			}
-			x.put(k, size, false)
+			x.put(k, rec.n, rec.seg, false)
+			live[rec.seg] += s.segs.recLen(rec.n)
 			i, _ := x.get(k)
 			order = append(order, kv{item.Version(), i})
 		}
@@ -390,12 +419,20 @@ func (s *Store) reindex(ctx context.Context) error {
 		x.pushFront(o.i)
 	}
 	if len(bad) > 0 {
-		s.log.Warn("nvme: dropping malformed keys", "count", len(bad))
+		s.log.Warn("nvme: dropping malformed, torn or dangling index records", "count", len(bad))
 		wb := s.db.NewWriteBatch()
 		for _, k := range bad {
 			_ = wb.Delete(k)
 		}
 		_ = wb.Flush()
+	}
+	for _, sg := range s.segs.snapshot() {
+		sg.live.Store(live[sg.id])
+		if live[sg.id] == 0 {
+			if err := s.segs.remove(sg.id); err != nil {
+				s.log.Warn("nvme: cannot remove unreferenced segment", "segment", sg.id, "err", err)
+			}
+		}
 	}
 	s.idx = x
 	s.reindexBlocks = x.len()
@@ -421,16 +458,18 @@ func (s *Store) limit() int64 {
 
 func charged(size int64) int64 { return size + blockOverhead }
 
-// MaxBlockBytes returns the largest block Put accepts (one value-log file
+// MaxBlockBytes returns the largest block Put accepts (one segment file
 // minus slack).
 func (s *Store) MaxBlockBytes() int64 { return s.maxBlock }
-
-var putBufs sync.Pool
 
 // Put stores block under k, replacing any previous block. If the budget
 // would be exceeded it first evicts least-recently-used blocks. If the
 // measured disk usage is over capacity (GC has not caught up), Put waits up
 // to one second for a maintenance pass and then fails with ErrNoSpace.
+//
+// The payload is written to a segment file before Put returns (with direct
+// I/O straight from block when it is aligned for it, else through an
+// aligned buffer), then the index record is committed to badger.
 func (s *Store) Put(k Key, block []byte) error {
 	size := int64(len(block))
 	if size > s.maxBlock {
@@ -446,14 +485,17 @@ func (s *Store) Put(k Key, block []byte) error {
 
 	var kb [keyLen]byte
 	encodeKey(&kb, k)
-	need := HeaderSize + len(block)
-	bp, _ := putBufs.Get().(*[]byte)
-	if bp == nil || cap(*bp) < need {
-		b := make([]byte, need)
-		bp = &b
+	// The checksum only reads block, as does the direct write, so large
+	// blocks are hashed on another goroutine while the write is in flight.
+	var rec record
+	var hashed chan struct{}
+	if size >= overlapHashBytes {
+		hashed = make(chan struct{})
+		go func() { rec = newRecord(&kb, block); close(hashed) }()
+	} else {
+		rec = newRecord(&kb, block)
 	}
-	defer putBufs.Put(bp)
-	val := encodeValue(*bp, &kb, block)
+	var rb [recordLen]byte
 
 	s.gate.RLock()
 	defer s.gate.RUnlock()
@@ -462,9 +504,9 @@ func (s *Store) Put(k Key, block []byte) error {
 	defer s.stripes[my].Unlock()
 
 	s.mu.Lock()
-	old := int64(-1)
+	old, oldSeg := int64(-1), uint32(0)
 	if i, ok := s.idx.get(k); ok {
-		old = s.idx.ents[i].size
+		old, oldSeg = s.idx.ents[i].size, s.idx.ents[i].seg
 	}
 	over := s.idx.bytes + int64(s.idx.len())*blockOverhead + charged(size) - s.limit()
 	if old >= 0 {
@@ -473,50 +515,69 @@ func (s *Store) Put(k Key, block []byte) error {
 	victims := s.pickVictimsLocked(over, k, my)
 	s.mu.Unlock()
 
-	err := s.db.Update(func(txn *badger.Txn) error {
-		for _, v := range victims {
-			var vb [keyLen]byte
-			encodeKey(&vb, v.key)
-			if err := txn.Delete(vb[:]); err != nil {
-				return err
+	seg, off, err := s.segs.append(block)
+	if hashed != nil {
+		<-hashed
+	}
+	if err == nil {
+		rec.seg, rec.offset = seg, off
+		rec.encode(&rb)
+		err = s.db.Update(func(txn *badger.Txn) error {
+			for _, v := range victims {
+				var vb [keyLen]byte
+				encodeKey(&vb, v.key)
+				if err := txn.Delete(vb[:]); err != nil {
+					return err
+				}
 			}
+			return txn.SetEntry(badger.NewEntry(kb[:], rb[:]))
+		})
+		if err != nil {
+			s.segs.release(seg, size, true)
 		}
-		return txn.SetEntry(badger.NewEntry(kb[:], val))
-	})
+	}
 	s.mu.Lock()
 	if err != nil {
-		// Nothing was written: the victims are still on disk, put them back
+		// Nothing was indexed: the victims are still on disk, put them back
 		// as the coldest entries.
 		for _, v := range victims {
 			if _, ok := s.idx.get(v.key); !ok {
-				s.idx.put(v.key, v.size, true)
+				s.idx.put(v.key, v.size, v.seg, true)
 			}
 		}
 	} else {
-		s.idx.put(k, size, false)
+		s.idx.put(k, size, seg, false)
 	}
 	s.mu.Unlock()
 	s.unlockVictims(victims, my)
 	if err != nil {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			s.noSpace.Add(1)
+			return fmt.Errorf("%w: %w", ErrNoSpace, err)
+		}
 		return fmt.Errorf("nvme: put: %w", err)
 	}
+	s.segs.commit(seg)
 	s.puts.Add(1)
-	s.writtenSince.Add(int64(len(val)) + blockOverhead)
-	var freed int64
+	s.writtenSince.Add(s.segs.recLen(size) + blockOverhead)
+	wake := false
 	for _, v := range victims {
-		freed += charged(v.size)
+		wake = s.segs.release(v.seg, v.size, false) || wake
 	}
 	if old >= 0 {
-		freed += charged(old)
+		wake = s.segs.release(oldSeg, old, false) || wake
 	}
 	s.evictions.Add(uint64(len(victims)))
-	s.addGarbage(freed)
+	if wake {
+		s.wake()
+	}
 	return nil
 }
 
 type victim struct {
 	key    Key
 	size   int64
+	seg    uint32
 	stripe int
 }
 
@@ -540,7 +601,7 @@ func (s *Store) pickVictimsLocked(over int64, exclude Key, held int) []victim {
 				locked[st], ok = true, true
 			}
 			if ok {
-				vs = append(vs, victim{e.key, e.size, st})
+				vs = append(vs, victim{e.key, e.size, e.seg, st})
 				over -= charged(e.size)
 			}
 		}
@@ -562,15 +623,6 @@ func (s *Store) unlockVictims(vs []victim, held int) {
 	}
 }
 
-func (s *Store) addGarbage(n int64) {
-	if n <= 0 {
-		return
-	}
-	if s.pendingGarbage.Add(n) >= s.flushBytes {
-		s.wake()
-	}
-}
-
 func (s *Store) wake() {
 	select {
 	case s.kick <- struct{}{}:
@@ -579,12 +631,25 @@ func (s *Store) wake() {
 }
 
 // waitRoom blocks (≤1s) while the estimated disk usage plus n is over
-// capacity, waking the maintenance loop.
+// capacity, or n would eat into fsReserve, waking the maintenance loop.
 func (s *Store) waitRoom(n int64) error {
 	deadline := time.Now().Add(time.Second)
 	for {
-		est := s.diskMeasured.Load() + s.writtenSince.Load()
-		if est+n <= s.opts.CapacityBytes {
+		w := s.writtenSince.Load()
+		est := s.diskMeasured.Load() + w
+		if w+n > s.fsAvail.Load()-fsReserve {
+			// The filesystem, not the budget, is full: waiting for GC would
+			// stall the caller for nothing. Look again once, then refuse.
+			if s.measure(); s.writtenSince.Load()+n > s.fsAvail.Load()-fsReserve {
+				s.noSpace.Add(1)
+				s.wake()
+				return fmt.Errorf("%w: filesystem has %d bytes free, %d kept in reserve", ErrNoSpace, s.fsAvail.Load(), int64(fsReserve))
+			}
+			continue
+		}
+		// Headroom: badger's files (memtable WAL, tables) grow between
+		// measurements by more than the per-block charge accounts for.
+		if est+n <= s.opts.CapacityBytes-min(s.segFileSize/4, s.opts.CapacityBytes/32) {
 			return nil
 		}
 		left := time.Until(deadline)
@@ -631,65 +696,77 @@ func (s *Store) Get(k Key, dst []byte) (int, error) {
 
 	var kb [keyLen]byte
 	encodeKey(&kb, k)
-	var (
-		n    int
-		derr error
-		ver  uint64
-	)
-	err := s.db.View(func(txn *badger.Txn) error {
-		item, err := txn.Get(kb[:])
-		if err != nil {
-			return err
-		}
-		ver = item.Version()
-		return item.Value(func(v []byte) error {
-			n, derr = decodeInto(&kb, v, dst)
-			return nil
+	for attempt := 0; ; attempt++ {
+		var (
+			rec  record
+			ok   bool
+			ver  uint64
+			derr error
+		)
+		err := s.db.View(func(txn *badger.Txn) error {
+			item, err := txn.Get(kb[:])
+			if err != nil {
+				return err
+			}
+			ver = item.Version()
+			return item.Value(func(v []byte) error {
+				rec, ok = decodeRecord(v)
+				return nil
+			})
 		})
-	})
-	switch {
-	case errors.Is(err, badger.ErrKeyNotFound):
-		s.mu.Lock()
-		if j, ok := s.idx.get(k); ok && s.idx.ents[j].size == size {
-			s.idx.remove(k)
+		switch {
+		case errors.Is(err, badger.ErrKeyNotFound):
+			s.mu.Lock()
+			if j, ok := s.idx.get(k); ok && s.idx.ents[j].size == size {
+				sz, seg := s.idx.remove(k)
+				s.segs.release(seg, sz, false)
+			}
+			s.mu.Unlock()
+			s.misses.Add(1)
+			return 0, ErrNotFound
+		case errors.Is(err, badger.ErrDBClosed):
+			return 0, ErrClosed
+		case err != nil:
+			derr = err
+		case !ok:
+			derr = errors.New("malformed index record")
+		case rec.n > int64(len(dst)):
+			// The index said less (it cannot, but be safe): fix it.
+			s.mu.Lock()
+			if j, ok := s.idx.get(k); ok {
+				s.idx.bytes += rec.n - s.idx.ents[j].size
+				s.idx.ents[j].size = rec.n
+			}
+			s.mu.Unlock()
+			return int(rec.n), ErrShortBuffer
+		default:
+			derr = s.segs.read(rec.seg, rec.offset, rec.n, dst)
+			if errors.Is(derr, errSegmentGone) && attempt < 3 {
+				continue // relocated by compaction meanwhile: look again
+			}
+			if derr == nil && !rec.verify(&kb, dst[:rec.n]) {
+				derr = errors.New("checksum mismatch")
+			}
 		}
-		s.mu.Unlock()
-		s.misses.Add(1)
-		return 0, ErrNotFound
-	case errors.Is(err, badger.ErrDBClosed):
-		return 0, ErrClosed
-	case err != nil:
-		// Badger could not read the value (e.g. a value pointer into a
-		// damaged or missing value-log region): treat as corrupt.
-		derr = err
-	case errors.Is(derr, errShort):
-		// The stored block is longer than the index said (inexact size
-		// after reindex): fix the index, let the caller retry.
-		s.mu.Lock()
-		if j, ok := s.idx.get(k); ok {
-			s.idx.bytes += int64(n) - s.idx.ents[j].size
-			s.idx.ents[j].size = int64(n)
+		if derr != nil {
+			s.checksumMisses.Add(1)
+			s.misses.Add(1)
+			s.log.Warn("nvme: block failed verification; deleting it", "ns", k.NS, "hash_hi", k.Hash.Hi, "hash_lo", k.Hash.Lo, "err", derr)
+			s.dropCorrupt(k, kb, ver)
+			return 0, fmt.Errorf("%w (%w)", ErrNotFound, ErrChecksum)
 		}
-		s.mu.Unlock()
-		return n, ErrShortBuffer
-	}
-	if derr != nil {
-		s.checksumMisses.Add(1)
-		s.misses.Add(1)
-		s.log.Warn("nvme: block failed verification; deleting it", "ns", k.NS, "hash_hi", k.Hash.Hi, "hash_lo", k.Hash.Lo, "err", derr)
-		s.dropCorrupt(k, kb, ver)
-		return 0, fmt.Errorf("%w (%w)", ErrNotFound, ErrChecksum)
-	}
-	if int64(n) != size {
-		s.mu.Lock()
-		if j, ok := s.idx.get(k); ok && s.idx.ents[j].size == size {
-			s.idx.bytes += int64(n) - size
-			s.idx.ents[j].size = int64(n)
+		n := int(rec.n)
+		if rec.n != size {
+			s.mu.Lock()
+			if j, ok := s.idx.get(k); ok && s.idx.ents[j].size == size {
+				s.idx.bytes += rec.n - size
+				s.idx.ents[j].size = rec.n
+			}
+			s.mu.Unlock()
 		}
-		s.mu.Unlock()
+		s.hits.Add(1)
+		return n, nil
 	}
-	s.hits.Add(1)
-	return n, nil
 }
 
 // dropCorrupt deletes k if it still holds the version that failed.
@@ -714,9 +791,11 @@ func (s *Store) dropCorrupt(k Key, kb [keyLen]byte, ver uint64) {
 		s.log.Warn("nvme: delete of corrupt block failed", "err", err)
 	}
 	s.mu.Lock()
-	sz := s.idx.remove(k)
+	sz, seg := s.idx.remove(k)
 	s.mu.Unlock()
-	s.addGarbage(charged(max(sz, 0)))
+	if sz >= 0 && s.segs.release(seg, sz, false) {
+		s.wake()
+	}
 }
 
 // Contains reports whether k is in the index. No I/O.
@@ -760,21 +839,18 @@ func (s *Store) Delete(k Key) error {
 		return fmt.Errorf("nvme: delete: %w", err)
 	}
 	s.mu.Lock()
-	sz := s.idx.remove(k)
+	sz, seg := s.idx.remove(k)
 	s.mu.Unlock()
-	s.addGarbage(charged(max(sz, 0)))
+	if sz >= 0 && s.segs.release(seg, sz, false) {
+		s.wake()
+	}
 	return nil
 }
 
 // DeleteNS removes every block of namespace ns and returns how many were in
 // the index. It writes one tombstone per block (a WriteBatch) while writes
 // to the store are paused, then wakes the maintenance loop, which flushes
-// the LSM and lets value-log GC reclaim the space.
-//
-// It deliberately does not use badger's DropPrefix: DropPrefix discards
-// memtable-resident keys during its flush, and whole tables inside the
-// prefix, without recording value-log discard stats, so the value-log bytes
-// of those blocks would never be collected (badger v4.9.6).
+// removes the segments that became empty and compacts partly dead ones.
 func (s *Store) DeleteNS(ns uint32) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
@@ -803,13 +879,13 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 	if err := wb.Flush(); err != nil {
 		return 0, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
 	}
-	var freed int64
 	s.mu.Lock()
 	for _, k := range keys {
-		freed += charged(max(s.idx.remove(k), 0))
+		if sz, seg := s.idx.remove(k); sz >= 0 {
+			s.segs.release(seg, sz, false)
+		}
 	}
 	s.mu.Unlock()
-	s.addGarbage(freed)
 	if len(keys) > 0 {
 		s.wake()
 	}
@@ -845,7 +921,7 @@ func (s *Store) Stats() Stats {
 	st.Hits, st.Misses = s.hits.Load(), s.misses.Load()
 	st.ChecksumMisses = s.checksumMisses.Load()
 	st.Evictions, st.Puts, st.NoSpace = s.evictions.Load(), s.puts.Load(), s.noSpace.Load()
-	st.GCRuns, st.LSMFlushes = s.gcRuns.Load(), s.flushes.Load()
+	st.GCRuns, st.Relocated = s.gcRuns.Load(), s.moved.Load()
 	st.ReindexBlocks, st.ReindexDuration = s.reindexBlocks, s.reindexDuration
 	st.MovedAside = s.movedAside
 	return st
@@ -864,9 +940,30 @@ func (s *Store) Close() error {
 	s.life.Unlock()
 	s.cancel()
 	s.wg.Wait()
-	err := s.db.Close()
+	err := s.segs.sync() // data before the index records that point at it
+	if derr := s.db.Close(); err == nil {
+		err = derr
+	}
+	if serr := s.segs.closeAll(); err == nil {
+		err = serr
+	}
 	if lerr := s.lock.release(); err == nil {
 		err = lerr
 	}
 	return err
+}
+
+// Sync makes every block Put so far durable: it fdatasyncs the segment
+// files written since the last Sync, then syncs badger (WAL of the index
+// records). Without it a Put survives a crash of the process, not of the
+// machine (see Options.SyncWrites).
+func (s *Store) Sync() error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	if err := s.segs.sync(); err != nil {
+		return fmt.Errorf("nvme: sync: %w", err)
+	}
+	return s.db.Sync()
 }

@@ -1,0 +1,42 @@
+//go:build linux
+
+package nvme
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// openSegmentFile opens a segment file for direct I/O when the filesystem
+// supports it (O_DIRECT; tmpfs and some others refuse it, then the file is
+// opened buffered). It returns the file and whether it is direct.
+func openSegmentFile(path string, create bool) (*os.File, bool, error) {
+	flag := os.O_RDWR
+	if create {
+		flag |= os.O_CREATE | os.O_EXCL
+	}
+	f, err := os.OpenFile(path, flag|unix.O_DIRECT, 0o600)
+	if err == nil {
+		return f, true, nil
+	}
+	if create {
+		os.Remove(path)
+	}
+	f, err = os.OpenFile(path, flag, 0o600)
+	return f, false, err
+}
+
+// dioAlign returns the offset/length alignment and the memory alignment
+// direct I/O needs on the filesystem of dir (statx STATX_DIOALIGN), or
+// 4096, 4096 when the kernel does not say.
+func dioAlign(dir string) (offAlign, memAlign int) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_DIOALIGN, &st); err == nil &&
+		st.Mask&unix.STATX_DIOALIGN != 0 && st.Dio_offset_align > 0 && st.Dio_mem_align > 0 {
+		return int(max(st.Dio_offset_align, 512)), int(max(st.Dio_mem_align, 512))
+	}
+	return 4096, 4096
+}
+
+func fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }

@@ -1,5 +1,0 @@
-//go:build !race
-
-package nvme
-
-const raceEnabled = false

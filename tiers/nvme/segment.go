@@ -1,0 +1,391 @@
+package nvme
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Block payloads live in append-only segment files under Dir/segments,
+// written with large direct (O_DIRECT) pwrites; badger holds only the
+// index record (key → segment, offset, length, checksum). See the package
+// doc, "On-disk format".
+
+const (
+	segDirName = "segments"
+	segSuffix  = ".seg"
+	// nLanes is the number of segments appended to concurrently. Each lane
+	// appends sequentially to its own file, so two writers (the mover and a
+	// flush, or compaction) do not serialize on one file's inode lock.
+	nLanes = 2
+)
+
+var errSegmentGone = errors.New("segment removed")
+
+type segment struct {
+	id     uint32
+	path   string
+	f      *os.File
+	direct bool
+	// mu: RLock around every pread/pwrite of f, Lock to close it.
+	mu     sync.RWMutex
+	closed bool
+	// size is the append offset; written only by the lane that owns the
+	// segment (under the lane's mutex), read by maintenance.
+	size atomic.Int64
+	// live is the bytes of records the index points at, plus records being
+	// written (charged before the badger commit, released if it fails).
+	live    atomic.Int64
+	pending atomic.Int32 // appends not yet committed or released
+	active  atomic.Bool  // owned by a lane (never compacted or removed)
+	dirty   atomic.Bool  // written since the last Sync
+}
+
+type lane struct {
+	mu  sync.Mutex
+	seg *segment
+}
+
+// segStore manages the segment files.
+type segStore struct {
+	dir      string
+	offAlign int64 // record offsets and lengths are multiples of this
+	memAlign int
+	fileSize int64 // a lane rotates to a new segment beyond this
+	syncEach bool  // fdatasync after every append (Options.SyncWrites)
+
+	mu   sync.Mutex
+	segs map[uint32]*segment
+	next uint32
+
+	lanes [nLanes]lane
+	rr    atomic.Uint32
+
+	bufs sync.Pool // *[]byte, aligned bounce buffers
+}
+
+func segName(id uint32) string { return fmt.Sprintf("%08d%s", id, segSuffix) }
+
+// openSegStore opens (creating) dir and every segment in it. New appends
+// always go to new segments, so a torn tail is never appended to.
+func openSegStore(dir string, fileSize int64, syncEach bool) (*segStore, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	oa, ma := dioAlign(dir)
+	ss := &segStore{dir: dir, offAlign: int64(oa), memAlign: ma, fileSize: fileSize, syncEach: syncEach, segs: map[uint32]*segment{}}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasSuffix(name, segSuffix) {
+			continue
+		}
+		id, err := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 32)
+		if err != nil {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		f, direct, err := openSegmentFile(p, false)
+		if err != nil {
+			ss.closeAll()
+			return nil, err
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			ss.closeAll()
+			return nil, err
+		}
+		sg := &segment{id: uint32(id), path: p, f: f, direct: direct}
+		sg.size.Store(fi.Size())
+		ss.segs[sg.id] = sg
+		ss.next = max(ss.next, uint32(id)+1)
+	}
+	return ss, nil
+}
+
+// recLen is the on-disk length of a record with an n-byte payload.
+func (ss *segStore) recLen(n int64) int64 {
+	return (n + ss.offAlign - 1) / ss.offAlign * ss.offAlign
+}
+
+func (ss *segStore) aligned(b []byte) bool {
+	return len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%uintptr(ss.memAlign) == 0
+}
+
+// getBuf returns an aligned buffer of length n (pooled).
+func (ss *segStore) getBuf(n int) *[]byte {
+	if bp, _ := ss.bufs.Get().(*[]byte); bp != nil && cap(*bp) >= n {
+		*bp = (*bp)[:n]
+		return bp
+	}
+	b := make([]byte, n+ss.memAlign)
+	off := (ss.memAlign - int(uintptr(unsafe.Pointer(&b[0]))%uintptr(ss.memAlign))) % ss.memAlign
+	b = b[off : off+n : off+n]
+	return &b
+}
+
+func (ss *segStore) putBuf(bp *[]byte) { ss.bufs.Put(bp) }
+
+// newSegmentLocked creates the next segment file. Requires ss.mu.
+func (ss *segStore) newSegmentLocked() (*segment, error) {
+	id := ss.next
+	ss.next++
+	p := filepath.Join(ss.dir, segName(id))
+	f, direct, err := openSegmentFile(p, true)
+	if err != nil {
+		return nil, err
+	}
+	sg := &segment{id: id, path: p, f: f, direct: direct}
+	sg.active.Store(true)
+	ss.segs[id] = sg
+	return sg, nil
+}
+
+// retire ends appends to sg (it becomes collectable). Segments are not
+// preallocated: on the development VM fallocate made no difference
+// measurable through the device's noise, and it would put up to
+// nLanes·F of allocated-but-unwritten space into the disk budget.
+// Requires the lane's mutex.
+func (ss *segStore) retire(sg *segment) { sg.active.Store(false) }
+
+// append writes payload as one record and returns where. The record's
+// length is charged to the segment's live bytes and its pending count is
+// raised; the caller must call commit or release afterwards.
+func (ss *segStore) append(payload []byte) (seg uint32, off int64, err error) {
+	n := int64(len(payload))
+	rl := ss.recLen(n)
+	start := ss.rr.Add(1)
+	var l *lane
+	for i := range uint32(nLanes) {
+		if c := &ss.lanes[(start+i)%nLanes]; c.mu.TryLock() {
+			l = c
+			break
+		}
+	}
+	if l == nil {
+		l = &ss.lanes[start%nLanes]
+		l.mu.Lock()
+	}
+	defer l.mu.Unlock()
+	if l.seg == nil || (l.seg.size.Load() > 0 && l.seg.size.Load()+rl > ss.fileSize) {
+		if l.seg != nil {
+			ss.retire(l.seg)
+		}
+		ss.mu.Lock()
+		sg, err := ss.newSegmentLocked()
+		ss.mu.Unlock()
+		if err != nil {
+			l.seg = nil
+			return 0, 0, fmt.Errorf("new segment: %w", err)
+		}
+		l.seg = sg
+	}
+	sg := l.seg
+	off = sg.size.Load()
+	sg.live.Add(rl)
+	sg.pending.Add(1)
+	if err := ss.writeRecord(sg, payload, off, rl); err != nil {
+		sg.live.Add(-rl)
+		sg.pending.Add(-1)
+		// Nothing points at the failed region; the next append overwrites it.
+		return 0, 0, err
+	}
+	sg.size.Store(off + rl)
+	sg.dirty.Store(true)
+	if ss.syncEach {
+		if err := fdatasync(sg.f); err != nil {
+			sg.live.Add(-rl)
+			sg.pending.Add(-1)
+			return 0, 0, err
+		}
+	}
+	return sg.id, off, nil
+}
+
+// writeRecord writes payload (padded with zeros to rl) at off: straight
+// from the caller's memory when it is aligned for direct I/O and a
+// multiple of the alignment, else through an aligned bounce buffer.
+func (ss *segStore) writeRecord(sg *segment, payload []byte, off, rl int64) error {
+	sg.mu.RLock()
+	defer sg.mu.RUnlock()
+	if sg.closed {
+		return errSegmentGone
+	}
+	var b []byte
+	if int64(len(payload)) == rl && (!sg.direct || ss.aligned(payload)) {
+		b = payload
+	} else {
+		bp := ss.getBuf(int(rl))
+		defer ss.putBuf(bp)
+		b = *bp
+		c := copy(b, payload)
+		clear(b[c:])
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := sg.f.WriteAt(b, off)
+	return err
+}
+
+// retireDeadLanes detaches the segments lanes append to that hold no live
+// record (everything in them was deleted), so they can be removed: after
+// a mass delete the space comes back without waiting for the next Puts
+// to fill them. Busy lanes are skipped.
+func (ss *segStore) retireDeadLanes() {
+	for i := range ss.lanes {
+		l := &ss.lanes[i]
+		if !l.mu.TryLock() {
+			continue
+		}
+		if sg := l.seg; sg != nil && sg.size.Load() > 0 && sg.live.Load() <= 0 && sg.pending.Load() == 0 {
+			ss.retire(sg)
+			l.seg = nil
+		}
+		l.mu.Unlock()
+	}
+}
+
+// commit marks an append as indexed.
+func (ss *segStore) commit(seg uint32) {
+	if sg := ss.get(seg); sg != nil {
+		sg.pending.Add(-1)
+	}
+}
+
+// release uncharges a record of an n-byte payload in seg (deleted,
+// overwritten, evicted, or an append whose commit failed: then pending
+// too). It reports whether the segment became reclaimable.
+func (ss *segStore) release(seg uint32, n int64, wasPending bool) bool {
+	sg := ss.get(seg)
+	if sg == nil {
+		return false
+	}
+	if wasPending {
+		sg.pending.Add(-1)
+	}
+	return sg.live.Add(-ss.recLen(n)) <= 0 && !sg.active.Load()
+}
+
+func (ss *segStore) get(seg uint32) *segment {
+	ss.mu.Lock()
+	sg := ss.segs[seg]
+	ss.mu.Unlock()
+	return sg
+}
+
+// read reads the n-byte payload at (seg, off) into dst[:n]: directly when
+// dst is aligned and n a multiple of the alignment, else through a bounce
+// buffer. A missing segment is errSegmentGone; a short file is an error.
+func (ss *segStore) read(seg uint32, off, n int64, dst []byte) error {
+	sg := ss.get(seg)
+	if sg == nil {
+		return errSegmentGone
+	}
+	sg.mu.RLock()
+	defer sg.mu.RUnlock()
+	if sg.closed {
+		return errSegmentGone
+	}
+	if n == 0 {
+		return nil
+	}
+	if !sg.direct || (n%ss.offAlign == 0 && ss.aligned(dst)) {
+		_, err := sg.f.ReadAt(dst[:n], off)
+		return err
+	}
+	rl := ss.recLen(n)
+	bp := ss.getBuf(int(rl))
+	defer ss.putBuf(bp)
+	if _, err := sg.f.ReadAt(*bp, off); err != nil {
+		return err
+	}
+	copy(dst[:n], *bp)
+	return nil
+}
+
+// remove closes and deletes seg. It waits for reads in flight.
+func (ss *segStore) remove(seg uint32) error {
+	ss.mu.Lock()
+	sg := ss.segs[seg]
+	delete(ss.segs, seg)
+	ss.mu.Unlock()
+	if sg == nil {
+		return nil
+	}
+	sg.mu.Lock()
+	sg.closed = true
+	err := sg.f.Close()
+	sg.mu.Unlock()
+	if rerr := os.Remove(sg.path); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// snapshot returns the segments (for maintenance).
+func (ss *segStore) snapshot() []*segment {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	out := make([]*segment, 0, len(ss.segs))
+	for _, sg := range ss.segs {
+		out = append(out, sg)
+	}
+	return out
+}
+
+// sync fdatasyncs every segment written since the last sync.
+func (ss *segStore) sync() error {
+	var first error
+	for _, sg := range ss.snapshot() {
+		if !sg.dirty.Swap(false) {
+			continue
+		}
+		sg.mu.RLock()
+		if !sg.closed {
+			if err := fdatasync(sg.f); err != nil && first == nil {
+				first = err
+				sg.dirty.Store(true)
+			}
+		}
+		sg.mu.RUnlock()
+	}
+	return first
+}
+
+func (ss *segStore) closeAll() error {
+	for i := range ss.lanes {
+		l := &ss.lanes[i]
+		l.mu.Lock()
+		if l.seg != nil {
+			ss.retire(l.seg)
+			l.seg = nil
+		}
+		l.mu.Unlock()
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var first error
+	for id, sg := range ss.segs {
+		sg.mu.Lock()
+		if !sg.closed {
+			sg.closed = true
+			if err := sg.f.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+		sg.mu.Unlock()
+		delete(ss.segs, id)
+	}
+	return first
+}
