@@ -64,6 +64,11 @@ type Chain struct {
 	// ioHook, if set (tests only, before Start), runs before every NVMe
 	// read ("get") and write ("put") of the mover, to simulate a slow disk.
 	ioHook func(op string, k Key)
+	// diskFullUntil (unix nanos): after a demotion failed for lack of
+	// space the mover backs off until then instead of cycling through
+	// blocks that cannot go down (each would become most recently used
+	// and push recent puts out of the host tier).
+	diskFullUntil atomic.Int64
 
 	mu       sync.Mutex
 	inflight map[Key]*promotion
@@ -589,9 +594,17 @@ func (c *Chain) makeRoom(n int64) {
 // demoteBatch moves up to n of the coldest host blocks down and returns how
 // many left the host tier.
 func (c *Chain) demoteBatch(n int) int {
+	if time.Now().UnixNano() < c.diskFullUntil.Load() {
+		return 0
+	}
 	hs := c.pinVictims(n)
 	moved := 0
 	for _, hd := range hs {
+		if time.Now().UnixNano() < c.diskFullUntil.Load() {
+			c.Host.Unpin(hd, false)
+			c.Inserted(hd.Key, policy.AccessInfo{})
+			continue
+		}
 		if c.writeDown(hd) {
 			if dropped, _ := c.Host.Unpin(hd, true); dropped {
 				moved++
@@ -617,6 +630,9 @@ func (c *Chain) writeDown(hd *Handle) bool {
 	}
 	if err := c.NVMe.Put(nk(hd.Key), c.Host.Bytes(hd)); err != nil {
 		c.demoteErrors.Add(1)
+		if errors.Is(err, nvme.ErrNoSpace) {
+			c.diskFullUntil.Store(time.Now().Add(time.Second).UnixNano())
+		}
 		c.log.Warn("demotion to nvme failed", "block", hd.Key.Hash, "err", err)
 		return false
 	}

@@ -78,6 +78,7 @@ func (s *Store) runGC(ctx context.Context, ratio float64) {
 	}
 	s.segs.retireDeadLanes()
 	var cands []cand
+	s.segs.retireDrained()
 	for _, sg := range s.segs.snapshot() {
 		if sg.active.Load() || sg.pending.Load() > 0 {
 			continue

@@ -389,3 +389,21 @@ func (ss *segStore) closeAll() error {
 	}
 	return first
 }
+
+// retireDrained lets go of lane segments whose every record is dead, so GC
+// can remove them (a lane rotates only on append; with a full disk no
+// append succeeds, so a lane's segment full of deleted blocks would never
+// be reclaimed).
+func (ss *segStore) retireDrained() {
+	for i := range ss.lanes {
+		l := &ss.lanes[i]
+		if !l.mu.TryLock() {
+			continue
+		}
+		if sg := l.seg; sg != nil && sg.size.Load() > 0 && sg.live.Load() <= 0 && sg.pending.Load() == 0 {
+			ss.retire(sg)
+			l.seg = nil
+		}
+		l.mu.Unlock()
+	}
+}
