@@ -35,6 +35,14 @@ type Config struct {
 	Session    SessionConfig `toml:"session"`
 	NVMe       NVMeConfig    `toml:"nvme"`
 	Metrics    MetricsConfig `toml:"metrics"`
+	EBPF       EBPFConfig    `toml:"ebpf"`
+}
+
+// EBPFConfig allows the eBPF probes (see ebpf/doc.go): client exit
+// tracing, NVMe I/O latency, direct-reclaim stalls. Each one that the kernel
+// or the privileges do not allow is logged and replaced by its fallback.
+type EBPFConfig struct {
+	Enabled bool `toml:"enabled"`
 }
 
 // MetricsConfig places the Prometheus endpoint (see docs/metrics.md).
@@ -209,6 +217,7 @@ func (e env) base() Config {
 			Policy: policy.Default},
 		NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: defaultMetricsListen},
+		EBPF:    EBPFConfig{Enabled: true},
 		Session: SessionConfig{
 			RingEntries: 1024,
 			DataBytes:   1 * MiB,

@@ -71,6 +71,7 @@ func newMetrics(d *Daemon) *metrics {
 	m.reg.MustRegister(
 		opLatency, m.swapIn, m.swapOut,
 		&statsCollector{d: d},
+		newProbesCollector(d), // ebpf.go
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

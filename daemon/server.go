@@ -63,6 +63,9 @@ type Daemon struct {
 	metrics *metrics // nil when metrics.listen is ""; see metrics.go
 
 	reload reloadState // see reload.go
+	warm   warmState   // see warm.go
+
+	probes *probes // eBPF probes, memory pressure controller; see ebpf.go
 }
 
 // New prepares a daemon: directories, state lock, namespace registry, host
@@ -94,13 +97,14 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("open namespace registry: %w", err)
 	}
 	t0 := time.Now()
-	if d.arena, err = shm.CreateRegion("kvtier-host-arena", int64(cfg.Host.Capacity), cfg.Host.HugePages); err != nil {
+	// The arena a previous kvtierd left in systemd's fd store, or a new one.
+	if d.arena, err = d.openArena(); err != nil {
 		return nil, fmt.Errorf("create host arena: %w", err)
 	}
 	if cfg.Host.HugePages && !d.arena.Huge {
 		log.Warn("hugepages requested but unavailable; host arena uses normal pages")
 	}
-	d.host, err = tiers.NewHost(d.arena.Bytes(), tiers.HostConfig{SlabBytes: int64(cfg.Host.SlabBytes), Align: 4096})
+	d.host, err = tiers.NewHost(d.arena.Bytes(), tiers.HostConfig{SlabBytes: int64(cfg.Host.SlabBytes), Align: hostAlign})
 	if err != nil {
 		return nil, fmt.Errorf("host tier: %w", err)
 	}
@@ -122,6 +126,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tier chain: %w", err)
 	}
+	d.adoptWarm() // blocks left in a stored arena, verified
 	log.Info("replacement policy", "name", d.chain.PolicyName())
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
@@ -130,6 +135,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	log.Info("kvtierd listening", "socket", cfg.Socket, "state_dir", cfg.StateDir, "runtime_dir", cfg.RuntimeDir,
 		"allowed_uids", cfg.Auth.UIDs, "allowed_gids", cfg.Auth.GIDs, "pid", os.Getpid(), "version", Version)
+	d.openProbes() // logs each one unavailable; never fatal (ebpf.go)
 	d.listenMetrics()
 	ok = true
 	return d, nil
@@ -221,6 +227,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// systemd: READY=1 now, STATUS/WATCHDOG while serving and draining,
 	// STOPPING=1 when ctx ends; stopped last (see notify.go).
 	defer d.startNotify(ctx)()
+	d.storeArena() // systemd's fd store keeps it across a restart (warm.go)
 	defer d.closeResources()
 	defer d.serveMetrics()() // stopped before the tiers close
 	stop := context.AfterFunc(ctx, func() {
@@ -233,6 +240,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	chainCtx, stopChain := context.WithCancel(context.Background())
 	defer stopChain()
 	d.chain.Start(chainCtx)
+	defer d.runProbes(ctx)() // exit events, pressure controller (ebpf.go)
 	if d.cfg.Host.Prefault && !d.arena.Huge {
 		d.wg.Add(1)
 		go func() {
@@ -272,6 +280,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	stopChain()
 	d.chain.Wait()
+	d.storeSnapshot() // the host tier's index, for a warm restart (warm.go)
 	d.log.Info("kvtierd stopped")
 	return err
 }
@@ -299,6 +308,7 @@ func (d *Daemon) prefault(ctx context.Context) {
 }
 
 func (d *Daemon) closeResources() {
+	d.closeProbes()
 	if d.ln != nil {
 		d.ln.Close()
 	}
@@ -526,6 +536,7 @@ func (d *Daemon) Stats() shm.Stats {
 		})
 	}
 	st.ParkedBlocks = cs.ParkedBlocks
+	d.probeStats(&st) // ebpf.go
 	st.Moves = []shm.MoveStats{
 		{From: "host", To: "nvme", Blocks: cs.Demoted, Bytes: cs.DemotedBytes, Errors: cs.DemoteErrors, Seconds: cs.SwapOut.Seconds()},
 		{From: "nvme", To: "host", Blocks: cs.Promoted, Bytes: cs.PromotedBytes, Errors: cs.PromoteErrors, Seconds: cs.SwapIn.Seconds()},

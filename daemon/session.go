@@ -30,6 +30,10 @@ type session struct {
 	log   *slog.Logger
 	nsID  uint32
 	block int64
+	// pid is the client's tgid (SO_PEERCRED), which the eBPF exit tracer
+	// watches while watched (set and read on the session's goroutine).
+	pid     uint32
+	watched bool
 
 	region *shm.Region
 	ring   *shm.Ring
@@ -123,7 +127,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		return nil, err
 	}
 	s := &session{
-		d: d, id: id, conn: c, nsID: nsID, block: int64(h.Namespace.BlockBytes),
+		d: d, id: id, conn: c, nsID: nsID, block: int64(h.Namespace.BlockBytes), pid: uint32(cred.Pid),
 		log:    log.With("session", id, "namespace", nsID, "client", h.Name),
 		region: region, ring: ring, data: ring.Data(),
 		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
@@ -150,6 +154,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		s.stop()
 	}
 	d.mu.Unlock()
+	d.watchClient(s) // its death stops it without waiting for EOF (ebpf.go)
 	d.sessionsTotal.Add(1)
 	s.log.Info("session opened", "model", h.Namespace.ModelID, "block_bytes", h.Namespace.BlockBytes)
 	return s, nil
@@ -198,6 +203,7 @@ func (s *session) run() {
 	s.d.mu.Lock()
 	delete(s.d.sessions, s.id)
 	s.d.mu.Unlock()
+	s.d.unwatchClient(s)
 	s.region.Close()
 }
 

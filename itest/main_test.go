@@ -42,10 +42,15 @@ const (
 	envSlab     = "KVTIER_ITEST_SLAB"     // slab size in bytes
 	envUIDs     = "KVTIER_ITEST_UIDS"     // comma-separated allowed uids (gids then empty)
 	envNVMe     = "KVTIER_ITEST_NVME"     // NVMe tier capacity, e.g. 256MiB; unset = host tier only
+	envMetrics  = "KVTIER_ITEST_METRICS"  // metrics listen address (e.g. 127.0.0.1:0); the bound one goes to <dir>/metrics.addr
+	// envListenSelf=1 sets LISTEN_PID to the daemon's own pid (which the
+	// parent cannot know before the fork), so fds passed like systemd's fd
+	// store (LISTEN_FDS, ExtraFiles) are taken; see warm_test.go.
+	envListenSelf = "KVTIER_ITEST_LISTEN_SELF"
 
 	// client role
 	envSocket = "KVTIER_ITEST_SOCKET"
-	envOp     = "KVTIER_ITEST_OP"    // put | verify | hold
+	envOp     = "KVTIER_ITEST_OP"    // put | verify | hold | load (evidence_test.go)
 	envSeed   = "KVTIER_ITEST_SEED"  // hash chain seed of the blocks to put/verify/reserve
 	envSeed2  = "KVTIER_ITEST_SEED2" // hash chain seed of the blocks to lease (hold)
 	envN      = "KVTIER_ITEST_N"     // blocks to put/verify/reserve
@@ -80,7 +85,7 @@ func daemonRole() int {
 		capacity = "64MiB"
 	}
 	// The default slab (64MiB) needs two slabs; size the tier after loading.
-	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", state, "-host-capacity", "128MiB", "-log-level", "debug", "-metrics-listen", ""})
+	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", state, "-host-capacity", "128MiB", "-log-level", "debug", "-metrics-listen", os.Getenv(envMetrics)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "config:", err)
 		return 2
@@ -110,12 +115,21 @@ func daemonRole() int {
 			cfg.Auth.UIDs = append(cfg.Auth.UIDs, uint32(v))
 		}
 	}
+	if os.Getenv(envListenSelf) == "1" {
+		os.Setenv("LISTEN_PID", strconv.Itoa(os.Getpid()))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "new:", err)
 		return 1
+	}
+	if a := d.MetricsAddr(); a != nil {
+		if err := os.WriteFile(filepath.Join(dir, "metrics.addr"), []byte(a.String()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "metrics addr:", err)
+			return 1
+		}
 	}
 	fmt.Printf("READY %d\n", os.Getpid())
 	if err := d.Run(ctx); err != nil {
@@ -199,6 +213,8 @@ func clientRole() int {
 		}
 		fmt.Println("READY")
 		time.Sleep(time.Hour) // until the parent kills us
+	case "load":
+		return loadRole(ctx, s, bs, seed, n, seed2, m, fail)
 	default:
 		return fail("unknown op %q", op)
 	}
@@ -292,7 +308,14 @@ type proc struct {
 // with ready (skipped when empty).
 func startProc(t testing.TB, name, role string, env map[string]string, ready string) *proc {
 	t.Helper()
+	return startProcFiles(t, name, role, env, ready, nil)
+}
+
+// startProcFiles is startProc passing files as fds 3, 4, ...
+func startProcFiles(t testing.TB, name, role string, env map[string]string, ready string, files []*os.File) *proc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.ExtraFiles = files
 	// Race-enabled children would sleep 1s at exit (atexit_sleep_ms).
 	cmd.Env = append(os.Environ(), roleEnv+"="+role, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=20"))
 	for k, v := range env {

@@ -17,6 +17,21 @@ type Stats struct {
 	Ops           map[string]uint64 `json:"ops"`
 	Moves         []MoveStats       `json:"moves"`
 	ParkedBlocks  int               `json:"parked_blocks"`
+	// EBPF says which eBPF probes run (program name → loaded).
+	EBPF map[string]bool `json:"ebpf,omitempty"`
+	// MemoryPressure is the host memory pressure controller's state.
+	MemoryPressure *MemoryPressure `json:"memory_pressure,omitempty"`
+}
+
+// MemoryPressure is the state of the controller that shrinks the host
+// tier's target under host memory pressure.
+type MemoryPressure struct {
+	Source      string  `json:"source"`       // "vmscan" (eBPF) or "psi"
+	Pressure    float64 `json:"pressure_pct"` // last sample: share of time stalled on memory
+	SomeAvg10   float64 `json:"some_avg10"`   // the host's PSI some avg10 (-1 unreadable)
+	TargetRatio float64 `json:"target_ratio"` // 1 full host tier; lower: watermarks scaled down
+	Shrinks     uint64  `json:"shrinks"`
+	Grows       uint64  `json:"grows"`
 }
 
 // TierStats describes one tier.

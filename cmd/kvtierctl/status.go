@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -68,6 +69,17 @@ func printStatus(w io.Writer, st *client.Stats) error {
 	}
 
 	fmt.Fprintf(w, "\nsessions  %d current, %d total, %d closed as hostile\n", st.Sessions, st.SessionsTotal, st.SessionsBad)
+	if mp := st.MemoryPressure; mp != nil {
+		fmt.Fprintf(w, "memory    host tier target %.0f%% (pressure %.1f%% from %s, psi some avg10 %.2f; %d shrinks, %d grows)\n",
+			100*mp.TargetRatio, mp.Pressure, mp.Source, mp.SomeAvg10, mp.Shrinks, mp.Grows)
+	}
+	if len(st.EBPF) > 0 {
+		var progs []string
+		for _, p := range slices.Sorted(maps.Keys(st.EBPF)) {
+			progs = append(progs, fmt.Sprintf("%s %s", p, map[bool]string{true: "on", false: "off (fallback)"}[st.EBPF[p]]))
+		}
+		fmt.Fprintf(w, "ebpf      %s\n", strings.Join(progs, ", "))
+	}
 
 	if len(st.Namespaces) > 0 {
 		fmt.Fprintln(w)

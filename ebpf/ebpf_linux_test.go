@@ -1,0 +1,163 @@
+package ebpf
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestExitTracer(t *testing.T) {
+	requireBPF(t)
+	tr, err := OpenExitTracer(Env{})
+	skipUnavailable(t, err)
+	defer tr.Close()
+
+	// An unwatched process dies first: no event for it.
+	other := exec.Command("sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	watched := exec.Command("sleep", "30")
+	if err := watched.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := uint32(watched.Process.Pid)
+	for range 2 { // two sessions of one process
+		if err := tr.Add(pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other.Process.Kill()
+	other.Wait()
+	t0 := time.Now()
+	watched.Process.Kill()
+	got := make(chan ExitEvent, 1)
+	go func() {
+		ev, err := tr.Read()
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ev
+	}()
+	select {
+	case ev := <-got:
+		if ev.Tgid != pid {
+			t.Fatalf("exit event for pid %d, want %d", ev.Tgid, pid)
+		}
+		t.Logf("exit event %v after kill", time.Since(t0))
+	case <-time.After(5 * time.Second):
+		t.Fatal("no exit event within 5s of the kill")
+	}
+	watched.Wait()
+	tr.Remove(pid)
+	if tr.Watched() != 1 {
+		t.Fatalf("watched %d after one of two removes, want 1", tr.Watched())
+	}
+	tr.Remove(pid)
+	if tr.Watched() != 0 {
+		t.Fatalf("watched %d after both removes", tr.Watched())
+	}
+	// Close unblocks a reader.
+	done := make(chan error, 1)
+	go func() { _, err := tr.Read(); done <- err }()
+	time.Sleep(20 * time.Millisecond)
+	tr.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("Read after Close: %v, want os.ErrClosed", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not unblock Read")
+	}
+}
+
+func TestIOLatency(t *testing.T) {
+	requireBPF(t)
+	dir := t.TempDir()
+	dev, err := DiskOf(dir)
+	skipUnavailable(t, err)
+	t.Logf("%s is on %s", dir, dev)
+	l, err := OpenIOLatency(Env{}, dev)
+	skipUnavailable(t, err)
+	defer l.Close()
+
+	// Direct I/O reaches the disk for sure: write then read 64 x 64 KiB.
+	path := filepath.Join(dir, "f")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_DIRECT, 0o600)
+	if err != nil {
+		t.Skipf("O_DIRECT unsupported here: %v", err)
+	}
+	defer f.Close()
+	buf, err := unix.Mmap(-1, 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(buf)
+	for i := range 64 {
+		if _, err := f.WriteAt(buf, int64(i)<<16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Sync()
+	for i := range 64 {
+		if _, err := f.ReadAt(buf, int64(i)<<16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for op, name := range OpNames {
+		h, err := l.Read(op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		count, sum, _ := h.Cumulative()
+		t.Logf("%s: %d requests, mean %v", name, count, time.Duration(sum/float64(max(count, 1))*1e9))
+		if count < 1 {
+			t.Errorf("no %s requests seen on %s", name, dev)
+		}
+	}
+}
+
+func TestReclaimProbeLoads(t *testing.T) {
+	requireBPF(t)
+	p, err := OpenReclaimProbe(Env{})
+	skipUnavailable(t, err)
+	defer p.Close()
+	s, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("direct reclaim since load: %+v", s)
+}
+
+// TestMissingFeatures: each loader fails with ErrUnavailable, naming what
+// is missing, when BTF or tracefs is absent (no privileges needed).
+func TestMissingFeatures(t *testing.T) {
+	for name, env := range map[string]Env{
+		"no BTF":     {BTF: "/nonexistent/vmlinux"},
+		"no tracefs": {Tracefs: []string{"/nonexistent/tracing"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err1 := OpenExitTracer(env)
+			_, err2 := OpenIOLatency(env, Device{Major: 254})
+			_, err3 := OpenReclaimProbe(env)
+			for _, err := range []error{err1, err2, err3} {
+				if !errors.Is(err, ErrUnavailable) {
+					t.Fatalf("err = %v, want ErrUnavailable", err)
+				}
+			}
+			t.Log(err1)
+		})
+	}
+}
+
+func TestDiskOfNotBlock(t *testing.T) {
+	if _, err := DiskOf("/proc"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("DiskOf(/proc) = %v, want ErrUnavailable", err)
+	}
+}

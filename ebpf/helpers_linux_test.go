@@ -1,0 +1,32 @@
+package ebpf
+
+import (
+	"errors"
+	"os"
+	"testing"
+)
+
+// requireBPF skips unless the tracepoint programs can load here: root (for
+// CAP_BPF/CAP_PERFMON), kernel BTF and a mounted tracefs. CI runs the
+// tests as root and mounts tracefs first.
+func requireBPF(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF and CAP_PERFMON) to load eBPF programs")
+	}
+	if err := (Env{}).Check(); err != nil {
+		t.Skipf("eBPF environment incomplete: %v", err)
+	}
+}
+
+// skipUnavailable skips on ErrUnavailable (a kernel without the
+// tracepoint, say) and fails on anything else.
+func skipUnavailable(t *testing.T, err error) {
+	t.Helper()
+	if errors.Is(err, ErrUnavailable) {
+		t.Skipf("not supported here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
