@@ -68,11 +68,12 @@ func TestConfigDefaults(t *testing.T) {
 				Log:  LogConfig{Level: "info", Format: "text"},
 				Auth: AuthConfig{UIDs: tt.uids},
 				Host: HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true,
-					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "chain"},
+					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density"},
 				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
 				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 				Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 				EBPF:    EBPFConfig{Enabled: true},
+				GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
 			}
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got  %+v\nwant %+v", c, want)
@@ -141,11 +142,12 @@ capacity = "1GiB"
 		Auth:   AuthConfig{UIDs: []uint32{42}, GIDs: []uint32{7, 8}},
 		// Capacity derived with the file's slab size: 64GiB is a multiple of 1GiB.
 		Host: HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false,
-			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "chain"},
+			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density"},
 		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
 		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 		EBPF:    EBPFConfig{Enabled: true},
+		GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)

@@ -87,22 +87,22 @@ func TestNotifyProtocol(t *testing.T) {
 	// Pings at half of WATCHDOG_USEC: two within 100ms of each other,
 	// interleaved with status updates.
 	t0 := time.Now()
-	sock.await("WATCHDOG=1", 2*time.Second)
-	sock.await("WATCHDOG=1", 2*time.Second)
+	sock.await("WATCHDOG=1", 10*time.Second)
+	sock.await("WATCHDOG=1", 10*time.Second)
 	if dt := time.Since(t0); dt > time.Second {
 		t.Errorf("two watchdog pings took %v; want about 100ms apart", dt)
 	}
-	sock.await("STATUS=", 2*time.Second)
+	sock.await("STATUS=", 10*time.Second)
 
 	next := cfg
 	next.Host.HighWatermark = 0.9
 	if err := r.d.Reload(next); err != nil {
 		t.Fatal(err)
 	}
-	if msg := sock.await("RELOADING=1", 2*time.Second); !hasAssignment(msg, "MONOTONIC_USEC=") {
+	if msg := sock.await("RELOADING=1", 10*time.Second); !hasAssignment(msg, "MONOTONIC_USEC=") {
 		t.Errorf("reloading message = %q, want MONOTONIC_USEC", msg)
 	}
-	sock.await("READY=1", 2*time.Second)
+	sock.await("READY=1", 10*time.Second)
 
 	r.cancel()
 	msg := sock.await("STOPPING=1", 5*time.Second)

@@ -284,7 +284,9 @@ func sdNotifyFd(state string, fd int) error {
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
 	}
-	return unix.Sendmsg(sock, []byte(state), oob, &unix.SockaddrUnix{Name: name}, 0)
+	// Never block on a receiver that stopped reading (a wedged manager, a
+	// test that failed): the message is dropped and logged instead.
+	return unix.Sendmsg(sock, []byte(state), oob, &unix.SockaddrUnix{Name: name}, unix.MSG_DONTWAIT)
 }
 
 // sealedMemfd returns a memfd holding data, sealed against any change.

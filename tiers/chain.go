@@ -86,8 +86,13 @@ type Chain struct {
 	pmu     sync.Mutex
 	pol     policy.Policy
 	polKeys map[policy.Key]struct{}
-	polCh   chan polEvent
-	lookups atomic.Uint64
+	// Blocks the policy refused to admit stay in the host tier until
+	// space is needed, then go first and are dropped without being written
+	// to NVMe: the policy judged them not worth keeping.
+	unadmitted    []policy.Key
+	unadmittedSet map[policy.Key]struct{}
+	polCh         chan polEvent
+	lookups       atomic.Uint64
 
 	// demoteMu serializes demotion passes (the demoter and promotion
 	// workers making room) so they do not pin the same cold blocks.
@@ -103,6 +108,7 @@ type Chain struct {
 	parkErrors, parkExpired   atomic.Uint64
 	polDrops                  atomic.Uint64
 	promoteLost               atomic.Uint64
+	refusedDrops              atomic.Uint64
 	swapInNanos, swapOutNanos atomic.Uint64
 }
 
@@ -171,7 +177,9 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		parkCh:   make(chan *Handle, 4096),
 		pol:      pol,
 		polKeys:  map[policy.Key]struct{}{},
-		polCh:    make(chan polEvent, 1<<16),
+
+		unadmittedSet: map[policy.Key]struct{}{},
+		polCh:         make(chan polEvent, 1<<16),
 	}
 	c.wm.Store(&watermarks{high: cfg.HighWatermark, low: cfg.LowWatermark})
 	host.SetOnRemove(func(k Key) { c.note(polEvent{op: polRemove, k: pk(k)}) })
@@ -237,6 +245,9 @@ func (c *Chain) apply(ev polEvent) {
 		} else if c.pol.Admit(ev.k, ev.a) {
 			c.pol.Insert(ev.k, ev.a)
 			c.polKeys[ev.k] = struct{}{}
+		} else if _, ok := c.unadmittedSet[ev.k]; !ok {
+			c.unadmittedSet[ev.k] = struct{}{}
+			c.unadmitted = append(c.unadmitted, ev.k)
 		}
 	case polAccess:
 		if known {
@@ -247,14 +258,35 @@ func (c *Chain) apply(ev polEvent) {
 			c.pol.Remove(ev.k)
 			delete(c.polKeys, ev.k)
 		}
+		delete(c.unadmittedSet, ev.k) // its queue entry is skipped later
 	}
 }
 
 // pinVictims pins up to n host blocks the policy wants demoted, falling
 // back to the host tier's LRU order when the policy has none (blocks it
 // did not admit, or state lost to dropped events).
-func (c *Chain) pinVictims(n int) []*Handle {
-	var out []*Handle
+func (c *Chain) pinVictims(n int) (out []*Handle, drop int) {
+	// Refused blocks first; they are dropped, not written down.
+	c.pmu.Lock()
+	var refused []policy.Key
+	for len(c.unadmitted) > 0 && len(refused) < n {
+		k := c.unadmitted[0]
+		c.unadmitted = c.unadmitted[1:]
+		if _, ok := c.unadmittedSet[k]; ok {
+			delete(c.unadmittedSet, k)
+			refused = append(refused, k)
+		}
+	}
+	if len(c.unadmitted) == 0 {
+		c.unadmitted = nil // let the backing array go
+	}
+	c.pmu.Unlock()
+	for _, k := range refused {
+		if hd, ok := c.Host.PinUnleased(fromPK(k)); ok {
+			out = append(out, hd)
+		}
+	}
+	drop = len(out)
 	for tries := 0; len(out) < n && tries < 4*n; tries++ {
 		c.pmu.Lock()
 		k, ok := c.pol.Victim()
@@ -276,7 +308,7 @@ func (c *Chain) pinVictims(n int) []*Handle {
 	if len(out) == 0 {
 		out = c.Host.PinColdest(n, nil)
 	}
-	return out
+	return out, drop
 }
 
 // Start runs the demoter and the promotion workers until ctx ends; Wait
@@ -597,9 +629,16 @@ func (c *Chain) demoteBatch(n int) int {
 	if time.Now().UnixNano() < c.diskFullUntil.Load() {
 		return 0
 	}
-	hs := c.pinVictims(n)
+	hs, drop := c.pinVictims(n)
 	moved := 0
-	for _, hd := range hs {
+	for i, hd := range hs {
+		if i < drop {
+			if dropped, _ := c.Host.Unpin(hd, true); dropped {
+				moved++
+				c.refusedDrops.Add(1)
+			}
+			continue
+		}
 		if time.Now().UnixNano() < c.diskFullUntil.Load() {
 			c.Host.Unpin(hd, false)
 			c.Inserted(hd.Key, policy.AccessInfo{})
@@ -807,6 +846,7 @@ type ChainStats struct {
 	ParkedBlocks                int
 	ParkErrors, ParkExpired     uint64
 	PromoteLost                 uint64        // evicted from NVMe before the promotion read it
+	RefusedDrops                uint64        // host blocks the policy did not admit, dropped to make room
 	SwapIn, SwapOut             time.Duration // total time spent copying
 	PolicyEventDrops            uint64        // policy events dropped on a full queue
 }
@@ -818,7 +858,8 @@ func (c *Chain) Stats() ChainStats {
 		Demoted: c.demoted.Load(), DemotedBytes: c.demotedBytes.Load(),
 		Promoted: c.promoted.Load(), PromotedBytes: c.promotedBytes.Load(),
 		DemoteErrors: c.demoteErrors.Load(), PromoteErrors: c.promoteErrs.Load(), PromoteLost: c.promoteLost.Load(),
-		Prefetches: c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
+		RefusedDrops: c.refusedDrops.Load(),
+		Prefetches:   c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
 		ParkedBlocks: c.ParkedBlocks(), ParkErrors: c.parkErrors.Load(), ParkExpired: c.parkExpired.Load(),
 		SwapIn: time.Duration(c.swapInNanos.Load()), SwapOut: time.Duration(c.swapOutNanos.Load()),
 		PolicyEventDrops: c.polDrops.Load(),

@@ -268,10 +268,16 @@ func simulateTrace(reqs []trace.Request, capacities []int, names []string) (*sim
 				if j.pi == len(pols) {
 					p = policy.NewBelady(w, c)
 				} else {
-					// New refuses capacity < 1; an unlimited cache never
-					// evicts, so any capacity builds the same policy.
+					// The policy's size hint is the cache's capacity, as
+					// in the daemon (the trace's block count would leak
+					// knowledge of the future into ghost-list sizes). An
+					// unlimited cache (0) never evicts: any hint works.
+					hint := c
+					if hint == 0 {
+						hint = max(w.Blocks(), 1)
+					}
 					var err error
-					if p, err = policy.New(pols[j.pi], max(c, w.Blocks(), 1)); err != nil {
+					if p, err = policy.New(pols[j.pi], hint); err != nil {
 						mu.Lock()
 						if firstErr == nil {
 							firstErr = err

