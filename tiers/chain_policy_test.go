@@ -98,3 +98,66 @@ func mustHost(t *testing.T) *Host {
 	}
 	return h
 }
+
+// TestRefusedBlocksDropFirst: a block the policy does not admit (an orphan:
+// its parent is not cached) is the first to go when the mover needs room,
+// and it is dropped rather than written to NVMe.
+func TestRefusedBlocksDropFirst(t *testing.T) {
+	const bs = 64 << 10
+	h, err := NewHost(make([]byte, 8<<20), HostConfig{SlabBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := nvme.Open(context.Background(), nvme.Options{Dir: t.TempDir() + "/nvme", CapacityBytes: nvme.MinCapacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	c, err := NewChain(h, store, ChainConfig{Policy: "chain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.Start(ctx)
+	defer func() { cancel(); c.Wait() }()
+
+	head := Key{NS: 1, Hash: shm.Hash{Hi: 1, Lo: 1}}
+	orphan := Key{NS: 1, Hash: shm.Hash{Hi: 2, Lo: 2}}
+	missingParent := Key{NS: 1, Hash: shm.Hash{Hi: 3, Lo: 3}}
+	for _, k := range []Key{head, orphan} {
+		hd, err := c.Reserve(k, bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Commit(hd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Inserted(head, ChainInfo([]Key{head}, 0, 1, 0))
+	c.Inserted(orphan, ChainInfo([]Key{missingParent, orphan}, 1, 2, 0))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c.pmu.Lock()
+		n, refused := c.pol.Len(), len(c.unadmittedSet)
+		c.pmu.Unlock()
+		if n == 1 && refused == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("policy holds %d blocks and refused %d; want 1 and 1", n, refused)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.demoteMu.Lock()
+	moved := c.demoteBatch(1)
+	c.demoteMu.Unlock()
+	if moved != 1 || h.Contains(orphan) || !h.Contains(head) {
+		t.Fatalf("moved %d; orphan in host %v, head in host %v: want the orphan gone, the head kept", moved, h.Contains(orphan), h.Contains(head))
+	}
+	if store.Contains(nvme.Key(orphan)) {
+		t.Fatal("a refused block was written to nvme")
+	}
+	if st := c.Stats(); st.RefusedDrops != 1 || st.Demoted != 0 {
+		t.Fatalf("refused drops %d, demoted %d; want 1 and 0", st.RefusedDrops, st.Demoted)
+	}
+}
