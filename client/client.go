@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -73,11 +74,20 @@ type Options struct {
 	NoPopulate bool
 	// ProtocolVersion overrides the version sent (tests only).
 	ProtocolVersion uint16
+	// Device is this process's GPU (caller-owned). With it (or GPU) the
+	// session opens the daemon's arena on that GPU (matched by UUID) and
+	// registers the host arena as pinned: see PutFromDevice, GetToDevice.
+	Device cudaipc.Device
+	// GPU names the GPU when Device is nil: an ordinal ("0") or a UUID
+	// ("GPU-xxxxxxxx-..."); the client opens it and closes it with Close.
+	GPU string
 }
 
 // Client is a handle on one kvtierd. It is safe for concurrent use.
 type Client struct {
-	opts Options
+	opts   Options
+	dev    cudaipc.Device // opts.Device, or the one GPU opened
+	ownDev bool
 
 	mu       sync.Mutex
 	sessions map[*Session]struct{}
@@ -101,9 +111,19 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.ProtocolVersion == 0 {
 		opts.ProtocolVersion = shm.ProtocolVersion
 	}
-	c := &Client{opts: opts, sessions: map[*Session]struct{}{}}
+	c := &Client{opts: opts, sessions: map[*Session]struct{}{}, dev: opts.Device}
+	if c.dev == nil && opts.GPU != "" {
+		dev, err := openGPU(opts.GPU)
+		if err != nil {
+			return nil, err
+		}
+		c.dev, c.ownDev = dev, true
+	}
 	ac, err := c.dialAdmin(ctx)
 	if err != nil {
+		if c.ownDev {
+			c.dev.Close()
+		}
 		return nil, err
 	}
 	ac.Close()
@@ -147,6 +167,10 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	for _, s := range ss {
 		s.Close()
+	}
+	if c.ownDev {
+		c.ownDev = false
+		c.dev.Close() // best effort: leases still open keep their mappings
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -49,7 +50,12 @@ type conn struct {
 	ringReg *shm.Region
 	ring    *shm.Ring
 	mem     []byte // arena mapping
-	spin    time.Duration
+	// The daemon's arena on this client's GPU (nil without one), and
+	// whether mem is registered as pinned with the device.
+	gpu        cudaipc.Mapping
+	gpuSize    uint64
+	hostPinned bool
+	spin       time.Duration
 
 	sqMu sync.Mutex
 
@@ -88,6 +94,9 @@ type conn struct {
 
 func (s *Session) dial(ctx context.Context) (*conn, error) {
 	h := shm.Hello{PID: uint32(os.Getpid()), Namespace: s.ns, Name: s.c.opts.Name}
+	if s.c.dev != nil {
+		h.GPUUUID = s.c.dev.Info().UUID
+	}
 	uc, w, fds, err := s.c.handshake(ctx, h, shm.WelcomeFDs)
 	if err != nil {
 		return nil, err
@@ -127,6 +136,13 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 		spin: s.c.opts.Spin, pending: map[uint64]*call{},
 		kick:   make(chan struct{}, 1),
 		deadCh: make(chan struct{}), reaperDone: make(chan struct{}), readerDone: make(chan struct{}),
+	}
+	if w.Flags&shm.WelcomeFlagGPU != 0 {
+		if err := cn.openGPU(ctx); err != nil {
+			arena.Close()
+			ringReg.Close()
+			return fail(err)
+		}
 	}
 	cn.data.init(len(ring.Data()))
 	cn.refs.Store(1)
@@ -210,6 +226,7 @@ func (cn *conn) tryRef() bool {
 // unref drops a mapping user; the last one unmaps.
 func (cn *conn) unref() {
 	if cn.refs.Add(-1) == 0 {
+		cn.closeGPU()
 		cn.arena.Close()
 		cn.ringReg.Close()
 	}

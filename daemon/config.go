@@ -36,6 +36,22 @@ type Config struct {
 	NVMe       NVMeConfig    `toml:"nvme"`
 	Metrics    MetricsConfig `toml:"metrics"`
 	EBPF       EBPFConfig    `toml:"ebpf"`
+	GPU        GPUConfig     `toml:"gpu"`
+}
+
+// GPUConfig sizes the GPU tier: one daemon-owned arena per GPU, exported by
+// CUDA IPC to the clients on that GPU. Off when no GPU is found.
+type GPUConfig struct {
+	Enabled bool `toml:"enabled"`
+	// ArenaBytes per GPU; 0 means ArenaFraction of the GPU's free memory.
+	ArenaBytes    ByteSize `toml:"arena_bytes"`
+	ArenaFraction float64  `toml:"arena_fraction"`
+	// SlabBytes of the GPU arenas' allocator; 0 means host.slab_bytes.
+	SlabBytes ByteSize `toml:"slab_bytes"`
+	// Above HighWatermark (fraction of an arena) the coldest blocks are
+	// demoted to the host tier until LowWatermark.
+	HighWatermark float64 `toml:"high_watermark"`
+	LowWatermark  float64 `toml:"low_watermark"`
 }
 
 // EBPFConfig allows the eBPF probes (see ebpf/doc.go): client exit
@@ -218,6 +234,7 @@ func (e env) base() Config {
 		NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: defaultMetricsListen},
 		EBPF:    EBPFConfig{Enabled: true},
+		GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
 		Session: SessionConfig{
 			RingEntries: 1024,
 			DataBytes:   1 * MiB,
@@ -400,6 +417,19 @@ func (c *Config) Validate() error {
 
 	if err := validListen(c.Metrics.Listen); err != nil {
 		bad("metrics.listen", "must be host:port (e.g. %q) or \"\" to disable, got %q: %v", defaultMetricsListen, c.Metrics.Listen, err)
+	}
+
+	if f := c.GPU.ArenaFraction; !(f > 0 && f <= 1) {
+		bad("gpu.arena_fraction", "must be in (0, 1], got %v", f)
+	}
+	if sb := uint64(c.GPU.SlabBytes); sb != 0 && (sb < MiB || sb > GiB || bits.OnesCount64(sb) != 1) {
+		bad("gpu.slab_bytes", "must be 0 (host.slab_bytes) or a power of two between 1MiB and 1GiB, got %v", c.GPU.SlabBytes)
+	}
+	if w := c.GPU.HighWatermark; !(w > 0 && w <= 1) {
+		bad("gpu.high_watermark", "must be in (0, 1], got %v", w)
+	}
+	if w := c.GPU.LowWatermark; !(w > 0 && w < c.GPU.HighWatermark) {
+		bad("gpu.low_watermark", "must be in (0, gpu.high_watermark), got %v", w)
 	}
 
 	if r := c.Session.RingEntries; r < 64 || r > 65536 || r&(r-1) != 0 {

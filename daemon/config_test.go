@@ -73,6 +73,7 @@ func TestConfigDefaults(t *testing.T) {
 				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 				Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 				EBPF:    EBPFConfig{Enabled: true},
+				GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
 			}
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got  %+v\nwant %+v", c, want)
@@ -146,6 +147,7 @@ capacity = "1GiB"
 		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 		EBPF:    EBPFConfig{Enabled: true},
+		GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)

@@ -43,6 +43,7 @@ type Daemon struct {
 	host  *tiers.Host
 	nvme  *nvme.Store // nil when the NVMe tier is off
 	chain *tiers.Chain
+	gpus  *tiers.GPUSet // nil when the GPU tier is off (gpu.go)
 	reg   *Registry
 	ln    *net.UnixListener
 
@@ -127,6 +128,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("tier chain: %w", err)
 	}
 	d.adoptWarm() // blocks left in a stored arena, verified
+	d.gpus = openGPUs(cfg, d.chain, d.arena.Bytes(), log)
 	log.Info("replacement policy", "name", d.chain.PolicyName())
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
@@ -240,6 +242,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	chainCtx, stopChain := context.WithCancel(context.Background())
 	defer stopChain()
 	d.chain.Start(chainCtx)
+	if d.gpus != nil {
+		d.gpus.Start(chainCtx)
+	}
 	defer d.runProbes(ctx)() // exit events, pressure controller (ebpf.go)
 	if d.cfg.Host.Prefault && !d.arena.Huge {
 		d.wg.Add(1)
@@ -279,6 +284,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Info("host tier written down to nvme", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
 	}
 	stopChain()
+	if d.gpus != nil {
+		d.gpus.Wait()
+	}
 	d.chain.Wait()
 	d.storeSnapshot() // the host tier's index, for a warm restart (warm.go)
 	d.log.Info("kvtierd stopped")
@@ -318,6 +326,10 @@ func (d *Daemon) closeResources() {
 			d.log.Warn("closing nvme tier", "err", err)
 		}
 		d.nvme = nil
+	}
+	if d.gpus != nil {
+		d.gpus.Close() // unregisters the host arena: before it is unmapped
+		d.gpus = nil
 	}
 	if d.arena != nil {
 		d.arena.Close()
@@ -475,10 +487,10 @@ func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
 		var n int
 		if req.All {
 			for id := range d.reg.All() {
-				n += d.chain.DeleteNS(id)
+				n += d.deleteNS(id)
 			}
 		} else {
-			n = d.chain.DeleteNS(req.NamespaceID)
+			n = d.deleteNS(req.NamespaceID)
 		}
 		d.log.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
 		b, _ := json.Marshal(map[string]int{"evicted": n})

@@ -34,6 +34,8 @@ type session struct {
 	// watches while watched (set and read on the session's goroutine).
 	pid     uint32
 	watched bool
+	// gpu is the index of the client's GPU in d.gpus (-1: none).
+	gpu int
 
 	region *shm.Region
 	ring   *shm.Ring
@@ -139,9 +141,21 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		SessionID: id, NamespaceID: nsID, BlockBytes: h.Namespace.BlockBytes,
 		ArenaSize: uint64(d.arena.Size()), RingSize: uint64(region.Size()), Ring: layout,
 	}
+	var ga *shm.GPUArena
+	s.gpu, ga = d.gpuArenaFor(h.GPUUUID)
+	if ga != nil {
+		w.Flags |= shm.WelcomeFlagGPU
+	}
 	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode()), d.arena.Fd(), region.Fd()); err != nil {
 		region.Close()
 		return nil, fmt.Errorf("send welcome: %w", err)
+	}
+	if ga != nil {
+		// The arena of the client's GPU (exported once, at start).
+		if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgGPUArena, shm.ProtocolVersion, ga.Encode())); err != nil {
+			region.Close()
+			return nil, fmt.Errorf("send gpu arena: %w", err)
+		}
 	}
 	d.mu.Lock()
 	d.opening--
@@ -234,28 +248,28 @@ func (s *session) teardown() {
 		case d := <-s.deferred:
 			s.outstanding--
 			if d.hd != nil {
-				s.d.host.Release(d.hd)
+				d.hd.Owner().Release(d.hd)
 			}
 		case <-deadline:
 			// A stalled disk: give up waiting, but keep draining in the
 			// background so late leases are released, not leaked.
 			s.log.Error("promotions still pending at session close", "count", s.outstanding)
-			go func(n int, ch <-chan deferredCQE, host *tiers.Host) {
+			go func(n int, ch <-chan deferredCQE) {
 				for ; n > 0; n-- {
 					if d := <-ch; d.hd != nil {
-						host.Release(d.hd)
+						d.hd.Owner().Release(d.hd)
 					}
 				}
-			}(s.outstanding, s.deferred, s.d.host)
+			}(s.outstanding, s.deferred)
 			s.outstanding = 0
 		}
 	}
 	for t, h := range s.res {
-		s.d.host.Abort(h)
+		h.Owner().Abort(h)
 		delete(s.res, t)
 	}
 	for t, h := range s.leases {
-		s.d.host.Release(h)
+		h.Owner().Release(h)
 		delete(s.leases, t)
 	}
 }
@@ -335,7 +349,7 @@ func (s *session) drainDeferred(out []shm.CQE) int {
 			} else {
 				s.nextToken++
 				s.leases[s.nextToken] = d.hd
-				c.Value, c.Offset, c.Tier, c.Flags = s.nextToken, uint64(d.hd.Offset), shm.TierHost, shm.CQEFlagPromoted
+				c.Value, c.Offset, c.Tier, c.Flags = s.nextToken, uint64(d.hd.Offset), s.d.tierOf(d.hd), shm.CQEFlagPromoted
 			}
 			n++
 		default:
@@ -358,8 +372,12 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		return false, fmt.Errorf("flags %#x invalid for %s", e.Flags, e.Op)
 	}
 	s.d.ops[e.Op].Add(1)
-	host, chain := s.d.host, s.d.chain
+	host, chain, gpus := s.d.host, s.d.chain, s.d.gpus
 	key := tiers.Key{NS: s.nsID, Hash: e.Hash}
+	gpu := -1 // the client's GPU, for entries that can take a GPU slot
+	if e.Flags&shm.SQEFlagDevice != 0 {
+		gpu = s.gpu
+	}
 	if e.Flags&shm.SQEFlagParked != 0 {
 		key.NS |= tiers.ParkedNS
 	}
@@ -368,7 +386,13 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 	case shm.OpLookup:
 		return false, s.lookup(e, c)
 	case shm.OpReserve:
-		h, err := chain.Reserve(key, s.block)
+		var h *tiers.Handle
+		var err error
+		if gpus != nil {
+			h, err = gpus.Reserve(key, s.block, gpu)
+		} else {
+			h, err = chain.Reserve(key, s.block)
+		}
 		switch {
 		case errors.Is(err, tiers.ErrExists):
 			// Referenced again (resident past the lookup's first miss).
@@ -384,7 +408,7 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		default:
 			s.nextToken++
 			s.res[s.nextToken] = h
-			c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), shm.TierHost
+			c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), s.d.tierOf(h)
 		}
 	case shm.OpCommit, shm.OpAbort:
 		h, ok := s.res[e.Token]
@@ -394,7 +418,16 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		}
 		delete(s.res, e.Token)
 		var err error
-		if e.Op == shm.OpCommit {
+		if g := gpuOf(gpus, h); g != nil {
+			// A GPU slot: the GPU tier has no policy or parking.
+			if e.Op == shm.OpCommit {
+				if err = h.Owner().Commit(h); err == nil {
+					gpus.Committed(g)
+				}
+			} else {
+				err = h.Owner().Abort(h)
+			}
+		} else if e.Op == shm.OpCommit {
 			err = host.Commit(h)
 			switch {
 			case err != nil:
@@ -414,10 +447,17 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		}
 	case shm.OpAcquire:
 		ud := e.UserData
-		h, ok := chain.Acquire(key, s.block, func(hd *tiers.Handle, err error) {
+		done := func(hd *tiers.Handle, err error) {
 			s.deferred <- deferredCQE{userData: ud, hd: hd, err: err}
 			s.ring.DaemonInterrupt()
-		})
+		}
+		var h *tiers.Handle
+		var ok bool
+		if gpus != nil {
+			h, ok = gpus.Acquire(key, s.block, s.gpu, e.Flags&shm.SQEFlagDevice != 0, done)
+		} else {
+			h, ok = chain.Acquire(key, s.block, done)
+		}
 		switch {
 		case !ok:
 			c.Status = shm.StatusNotFound
@@ -426,7 +466,7 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		default:
 			s.nextToken++
 			s.leases[s.nextToken] = h
-			c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), shm.TierHost
+			c.Value, c.Offset, c.Tier = s.nextToken, uint64(h.Offset), s.d.tierOf(h)
 		}
 	case shm.OpRelease:
 		h, ok := s.leases[e.Token]
@@ -435,12 +475,16 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 			return false, nil
 		}
 		delete(s.leases, e.Token)
-		if err := host.Release(h); err != nil {
+		if err := h.Owner().Release(h); err != nil {
 			s.log.Error("lease state error", "err", err)
 			c.Status = shm.StatusInternal
 		}
 	case shm.OpDelete:
-		if !chain.Delete(key) {
+		if gpus != nil {
+			if !gpus.Delete(key) {
+				c.Status = shm.StatusNotFound
+			}
+		} else if !chain.Delete(key) {
 			c.Status = shm.StatusNotFound
 		}
 	}
@@ -465,7 +509,13 @@ func (s *session) lookup(e *shm.SQE, c *shm.CQE) error {
 		keys[i] = tiers.Key{NS: s.nsID, Hash: shm.DecodeHash(src[i*shm.LookupKeySize:])}
 	}
 	clear(out)
-	hits, req := s.d.chain.Lookup(keys, out)
+	var hits int
+	var req uint64
+	if s.d.gpus != nil {
+		hits, req = s.d.gpus.Lookup(keys, out)
+	} else {
+		hits, req = s.d.chain.Lookup(keys, out)
+	}
 	// Remember where the missing blocks sit in this chain: the client puts
 	// them next, and the policy wants their place when they are committed.
 	clear(s.pending)
@@ -481,4 +531,12 @@ func (s *session) lookup(e *shm.SQE, c *shm.CQE) error {
 	}
 	c.Value = uint64(hits)
 	return nil
+}
+
+// gpuOf returns the GPU owning hd, nil for a host handle or without a GPU tier.
+func gpuOf(gpus *tiers.GPUSet, hd *tiers.Handle) *tiers.GPU {
+	if gpus == nil {
+		return nil
+	}
+	return gpus.GPUOf(hd)
 }

@@ -65,6 +65,8 @@ func TestMain(m *testing.M) {
 		os.Exit(daemonRole())
 	case "client":
 		os.Exit(clientRole())
+	case "gpuclient":
+		os.Exit(gpuClientRole()) // gpu_test.go
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s %q\n", roleEnv, role)
 		os.Exit(2)
@@ -108,6 +110,7 @@ func daemonRole() int {
 			return 2
 		}
 	}
+	configureGPU(&cfg) // gpu_test.go
 	if u := os.Getenv(envUIDs); u != "" {
 		cfg.Auth.UIDs, cfg.Auth.GIDs = nil, nil
 		for _, f := range strings.Split(u, ",") {

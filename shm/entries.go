@@ -60,7 +60,9 @@ const SQEFlagParked = 1 << 0
 // FlagsValid reports whether flags are allowed on op.
 func (o Op) FlagsValid(flags uint8) bool {
 	switch o {
-	case OpReserve, OpAcquire, OpDelete:
+	case OpReserve, OpAcquire:
+		return flags&^(SQEFlagParked|SQEFlagDevice) == 0
+	case OpDelete:
 		return flags&^SQEFlagParked == 0
 	}
 	return flags == 0

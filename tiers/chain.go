@@ -553,6 +553,9 @@ func (c *Chain) finish(p *promotion, err error) {
 	ws := p.waiters
 	c.mu.Unlock()
 	for _, w := range ws {
+		if w == nil {
+			continue // an acquire whose caller does not want the lease
+		}
 		if err != nil {
 			w(nil, err)
 			continue

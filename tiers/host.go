@@ -34,6 +34,14 @@ var (
 type HostConfig struct {
 	SlabBytes int64 // size of a slab; the arena length must be a multiple
 	Align     int64 // slot alignment inside a slab (default 4096); SlabBytes must be a multiple
+	// Move, if set, moves n bytes inside the managed memory for compaction
+	// instead of a copy over the arena slice: a device arena (NewSlots) has
+	// no slice. It runs under the tier's lock and must be synchronous; it
+	// only ever moves unpinned blocks (never leased or reserved ones).
+	Move func(dst, src, n int64)
+	// NoEvict makes Reserve fail with ErrFull instead of evicting: the GPU
+	// tier demotes to the host tier rather than dropping blocks.
+	NoEvict bool
 }
 
 // DefaultAlign is used when HostConfig.Align is zero: page alignment keeps
@@ -220,6 +228,9 @@ type Host struct {
 
 	mu        sync.Mutex
 	arena     []byte
+	size      int64 // managed bytes: len(arena), or NewSlots' size
+	move      func(dst, src, n int64)
+	noEvict   bool
 	slabBytes int64
 	align     int64
 	slabs     []slab
@@ -241,6 +252,23 @@ type Host struct {
 // NewHost manages arena (the mapped host arena). The allocator touches the
 // bytes only to move blocks during compaction.
 func NewHost(arena []byte, cfg HostConfig) (*Host, error) {
+	if len(arena) == 0 {
+		return nil, fmt.Errorf("tiers: arena length 0 must be a positive multiple of slab size %d", cfg.SlabBytes)
+	}
+	return newSlabHost(arena, int64(len(arena)), cfg)
+}
+
+// NewSlots manages size bytes of memory the allocator cannot address as a
+// slice (a GPU arena): Bytes must not be called, and compaction moves
+// blocks through cfg.Move, which is required.
+func NewSlots(size int64, cfg HostConfig) (*Host, error) {
+	if cfg.Move == nil {
+		return nil, fmt.Errorf("tiers: NewSlots needs a Move function")
+	}
+	return newSlabHost(nil, size, cfg)
+}
+
+func newSlabHost(arena []byte, size int64, cfg HostConfig) (*Host, error) {
 	if cfg.Align == 0 {
 		cfg.Align = DefaultAlign
 	}
@@ -249,14 +277,17 @@ func NewHost(arena []byte, cfg HostConfig) (*Host, error) {
 		return nil, fmt.Errorf("tiers: align %d must be positive", cfg.Align)
 	case cfg.SlabBytes <= 0 || cfg.SlabBytes%cfg.Align != 0:
 		return nil, fmt.Errorf("tiers: slab size %d must be a positive multiple of align %d", cfg.SlabBytes, cfg.Align)
-	case len(arena) == 0 || int64(len(arena))%cfg.SlabBytes != 0:
-		return nil, fmt.Errorf("tiers: arena length %d must be a positive multiple of slab size %d", len(arena), cfg.SlabBytes)
-	case int64(len(arena))/cfg.SlabBytes > 1<<31-1 || cfg.SlabBytes/cfg.Align > 1<<31-1:
+	case size <= 0 || size%cfg.SlabBytes != 0:
+		return nil, fmt.Errorf("tiers: arena length %d must be a positive multiple of slab size %d", size, cfg.SlabBytes)
+	case size/cfg.SlabBytes > 1<<31-1 || cfg.SlabBytes/cfg.Align > 1<<31-1:
 		return nil, fmt.Errorf("tiers: too many slabs or slots per slab")
 	}
-	n := int(int64(len(arena)) / cfg.SlabBytes)
+	n := int(size / cfg.SlabBytes)
 	h := &Host{
 		arena:     arena,
+		size:      size,
+		move:      cfg.Move,
+		noEvict:   cfg.NoEvict,
 		slabBytes: cfg.SlabBytes,
 		align:     cfg.Align,
 		slabs:     make([]slab, n),
@@ -347,6 +378,9 @@ func (h *Host) allocSlot(c *class) (*slab, int, error) {
 		if s := h.compactable(); s != nil {
 			h.drain(s)
 			continue
+		}
+		if h.noEvict {
+			return nil, 0, ErrFull
 		}
 		if target == nil {
 			if target = h.victimClass(c); target == nil {
@@ -512,7 +546,11 @@ func (h *Host) drain(s *slab) {
 		d := c.partial[0]
 		slot := h.takeSlot(d)
 		off := d.base + int64(slot)*c.stride
-		copy(h.arena[off:off+hd.Size], h.arena[hd.Offset:hd.Offset+hd.Size])
+		if h.move != nil {
+			h.move(off, hd.Offset, hd.Size)
+		} else {
+			copy(h.arena[off:off+hd.Size], h.arena[hd.Offset:hd.Offset+hd.Size])
+		}
 		d.slots[slot] = hd
 		hd.Offset = off
 		hd.slab = int32(d.base / h.slabBytes)
@@ -718,7 +756,7 @@ func (h *Host) Stats() HostStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := HostStats{
-		CapacityBytes:   int64(len(h.arena)),
+		CapacityBytes:   h.size,
 		UsedBytes:       h.used,
 		SlabBytes:       h.slabBytes,
 		SlabsTotal:      len(h.slabs),

@@ -149,5 +149,17 @@ func (h *Host) Bytes(hd *Handle) []byte {
 func (h *Host) Usage() (used, capacity int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.used, int64(len(h.arena))
+	return h.used, h.size
+}
+
+// Owner is the tier (allocator) the handle belongs to.
+func (hd *Handle) Owner() *Host { return hd.host }
+
+// Present reports whether key is in the index in any state (reserved or
+// committed), as Reserve's duplicate check sees it.
+func (h *Host) Present(key Key) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.index[key]
+	return ok
 }

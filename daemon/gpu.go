@@ -1,0 +1,98 @@
+package daemon
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// openGPUs starts the GPU tier: an arena per GPU, exported once, the host
+// arena registered as pinned. Nil (tier off) when disabled, when there is no
+// GPU, or when the arenas cannot be set up (logged: the host tier works
+// alone).
+func openGPUs(cfg Config, chain *tiers.Chain, hostArena []byte, log *slog.Logger) *tiers.GPUSet {
+	if !cfg.GPU.Enabled {
+		return nil
+	}
+	devs, err := cudaipc.Devices()
+	if errors.Is(err, cudaipc.ErrNoDevice) {
+		log.Info("no GPU found; GPU tier off")
+		return nil
+	}
+	if err != nil {
+		log.Error("GPU enumeration failed; GPU tier off", "err", err)
+		return nil
+	}
+	slab := int64(cfg.GPU.SlabBytes)
+	if slab == 0 {
+		slab = int64(cfg.Host.SlabBytes)
+	}
+	sizes := make([]int64, len(devs))
+	for i, d := range devs {
+		sizes[i] = int64(cfg.GPU.ArenaBytes)
+		if sizes[i] == 0 {
+			free, _, err := d.MemInfo()
+			if err != nil {
+				log.Error("GPU memory info failed; GPU tier off", "gpu", i, "err", err)
+				closeDevices(devs)
+				return nil
+			}
+			sizes[i] = int64(float64(free) * cfg.GPU.ArenaFraction)
+		}
+	}
+	gs, err := tiers.NewGPUSet(chain, hostArena, devs, sizes, tiers.GPUConfig{
+		SlabBytes: slab, Align: hostAlign,
+		HighWatermark: cfg.GPU.HighWatermark, LowWatermark: cfg.GPU.LowWatermark,
+		Logger: log.With("tier", "gpu"),
+	})
+	if err != nil {
+		log.Error("GPU tier unavailable; running without it", "err", err)
+		closeDevices(devs)
+		return nil
+	}
+	for _, g := range gs.GPUs {
+		info := g.Dev.Info()
+		log.Info("gpu tier ready", "gpu", info.Ordinal, "uuid", info.UUID.String(), "name", info.Name,
+			"arena", ByteSize(g.Arena.Size()).String(), "emulated", cudaipc.Emulated)
+	}
+	return gs
+}
+
+func closeDevices(devs []cudaipc.Device) {
+	for _, d := range devs {
+		d.Close()
+	}
+}
+
+// gpuArenaFor returns the MsgGPUArena for a client on the GPU with uuid.
+func (d *Daemon) gpuArenaFor(uuid [16]byte) (int, *shm.GPUArena) {
+	if d.gpus == nil || uuid == ([16]byte{}) {
+		return -1, nil
+	}
+	i, ok := d.gpus.ByUUID(cudaipc.UUID(uuid))
+	if !ok {
+		return -1, nil
+	}
+	g := d.gpus.GPUs[i]
+	slab := d.gpus.Stats().Devices[i].SlabBytes
+	return i, &shm.GPUArena{UUID: uuid, Size: uint64(g.Arena.Size()), SlabBytes: uint64(slab), Handle: g.Handle}
+}
+
+// deleteNS drops a namespace from every tier.
+func (d *Daemon) deleteNS(ns uint32) int {
+	if d.gpus != nil {
+		return d.gpus.DeleteNS(ns)
+	}
+	return d.chain.DeleteNS(ns)
+}
+
+// tierOf is the wire tier of a handle held by a session.
+func (d *Daemon) tierOf(hd *tiers.Handle) shm.Tier {
+	if hd.Owner() != d.host {
+		return shm.TierGPU
+	}
+	return shm.TierHost
+}

@@ -1,0 +1,226 @@
+package itest
+
+// GPU tier tests with the emulated device: a daemon process and client
+// processes on (emulated) GPUs exchange blocks through the daemon's GPU
+// arenas opened by IPC (same-process IPC open fails by design, so every
+// party is its own process). Every byte is verified.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/daemon"
+)
+
+const (
+	envGPUArena = "KVTIER_ITEST_GPU_ARENA" // daemon: GPU arena bytes per GPU
+	envGPU      = "KVTIER_ITEST_GPU"       // gpuclient: GPU ordinal ("" = no GPU, host API)
+)
+
+// configureGPU sizes the daemon's GPU tier for the tests (no-op unless
+// envGPUArena is set; without KVTIER_EMULATED_GPUS no GPU is found anyway).
+func configureGPU(cfg *daemon.Config) {
+	if v := os.Getenv(envGPUArena); v != "" {
+		cfg.GPU.ArenaBytes.Set(v)
+		cfg.GPU.SlabBytes = 1 << 20
+	}
+}
+
+// gpuClientRole puts (op put) or gets and verifies (op get) a chain of
+// blocks through the device API, and prints per-tier counts.
+func gpuClientRole() int {
+	fail := func(format string, args ...any) int {
+		fmt.Printf("FAIL "+format+"\n", args...)
+		return 1
+	}
+	ctx := context.Background()
+	n, _ := strconv.Atoi(os.Getenv(envN))
+	bs, _ := strconv.Atoi(os.Getenv(envBlock))
+	seed, _ := strconv.ParseUint(os.Getenv(envSeed), 10, 64)
+	gpu := os.Getenv(envGPU)
+	c, err := client.Dial(ctx, client.Options{Socket: os.Getenv(envSocket), Name: "itest-gpu", GPU: gpu})
+	if err != nil {
+		return fail("dial: %v", err)
+	}
+	defer c.Close()
+	s, err := c.Open(ctx, testNS("itest", bs))
+	if err != nil {
+		return fail("open: %v", err)
+	}
+	defer s.Close()
+	hs := chain(seed, n)
+	if gpu == "" { // host API: GPU-resident blocks are copied down for us
+		buf := make([]byte, bs)
+		for i, h := range hs {
+			if err := s.Get(ctx, h, buf); err != nil {
+				return fail("get %d: %v", i, err)
+			}
+			if !bytes.Equal(buf, payload(h, bs)) {
+				return fail("block %d: bytes differ", i)
+			}
+		}
+		fmt.Printf("GOT %d\n", n)
+		return 0
+	}
+	devs, err := cudaipc.Devices()
+	if err != nil {
+		return fail("devices: %v", err)
+	}
+	ord, _ := strconv.Atoi(gpu)
+	dev := devs[ord]
+	buf, err := dev.Alloc(int64(n * bs))
+	if err != nil {
+		return fail("alloc: %v", err)
+	}
+	defer buf.Free()
+	st, err := dev.NewStream()
+	if err != nil {
+		return fail("stream: %v", err)
+	}
+	defer st.Close()
+	at := func(i int) cudaipc.DevicePtr { return buf.Ptr() + cudaipc.DevicePtr(i*bs) }
+	host := make([]byte, n*bs)
+	switch op := os.Getenv(envOp); op {
+	case "put":
+		for i, h := range hs {
+			fillPayload(host[i*bs:(i+1)*bs], h)
+		}
+		if err := dev.CopyHtoDAsync(buf.Ptr(), host, st); err != nil {
+			return fail("h2d: %v", err)
+		}
+		if err := st.Synchronize(); err != nil {
+			return fail("sync: %v", err)
+		}
+		stored := 0
+		for i, h := range hs {
+			ok, err := s.PutFromDevice(ctx, h, at(i), st)
+			if err != nil {
+				return fail("put %d: %v", i, err)
+			}
+			if ok {
+				stored++
+			}
+		}
+		fmt.Printf("PUT %d\n", stored)
+	case "get":
+		tiers := map[string]int{}
+		for i, h := range hs {
+			t, err := s.GetToDevice(ctx, h, at(i), st)
+			if err != nil {
+				return fail("get %d: %v", i, err)
+			}
+			tiers[t.String()]++
+		}
+		if err := dev.CopyDtoHAsync(host, buf.Ptr(), st); err != nil {
+			return fail("d2h: %v", err)
+		}
+		if err := st.Synchronize(); err != nil {
+			return fail("sync: %v", err)
+		}
+		for i, h := range hs {
+			if !bytes.Equal(host[i*bs:(i+1)*bs], payload(h, bs)) {
+				return fail("block %d: bytes differ", i)
+			}
+		}
+		fmt.Printf("GOT gpu=%d host=%d\n", tiers["gpu"], tiers["host"])
+	default:
+		return fail("unknown op %q", op)
+	}
+	return 0
+}
+
+func gpuGot(t *testing.T, line string) (gpu, host int) {
+	t.Helper()
+	if _, err := fmt.Sscanf(strings.TrimSpace(line), "GOT gpu=%d host=%d", &gpu, &host); err != nil {
+		t.Fatalf("parse %q: %v", line, err)
+	}
+	return gpu, host
+}
+
+func TestGPUTier(t *testing.T) {
+	// On real GPUs (scripts/gpu-check.sh, KVTIER_ITEST_REAL_GPU=1) the
+	// migration step needs two of them.
+	real := !cudaipc.Emulated
+	if real && os.Getenv("KVTIER_ITEST_REAL_GPU") != "1" {
+		t.Skip("cuda build: run through scripts/gpu-check.sh on a GPU host")
+	}
+	ngpu := 2
+	if real {
+		devs, err := cudaipc.Devices()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ngpu = len(devs)
+		for _, d := range devs {
+			d.Close()
+		}
+	}
+	dir := tmpDir(t)
+	emu := map[string]string{cudaipc.EnvEmulatedGPUs: "2:64MiB"}
+	if real {
+		emu = map[string]string{}
+	}
+	denv := map[string]string{envDir: dir, envGPUArena: "8MiB", envCapacity: "64MiB"}
+	for k, v := range emu {
+		denv[k] = v
+	}
+	d := startProc(t, "daemon", "daemon", denv, "READY")
+	defer d.kill()
+	const bs = 256 << 10
+	run := func(name, gpu, op string, seed uint64, n int, want string) string {
+		env := map[string]string{envSocket: socketOf(dir), envGPU: gpu, envOp: op,
+			envSeed: strconv.FormatUint(seed, 10), envN: strconv.Itoa(n), envBlock: strconv.Itoa(bs)}
+		for k, v := range emu {
+			env[k] = v
+		}
+		p := startProc(t, name, "gpuclient", env, "")
+		line := p.expect(want, 60*time.Second)
+		if err := p.wait(30 * time.Second); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return line
+	}
+
+	// 1. Exchange through GPU 0's arena: 16 blocks (4MiB of the 8MiB arena).
+	if l := run("put0", "0", "put", 1, 16, "PUT"); l != "PUT 16" {
+		t.Fatalf("put: %q", l)
+	}
+	if g, h := gpuGot(t, run("get0", "0", "get", 1, 16, "GOT")); g != 16 || h != 0 {
+		t.Fatalf("same-GPU get: gpu=%d host=%d, want all 16 from the GPU arena", g, h)
+	}
+	// 2. Migration: a client on GPU 1 gets them by peer copy into GPU 1's arena.
+	if ngpu < 2 {
+		t.Log("one GPU: migration step skipped")
+	} else if g, h := gpuGot(t, run("get1", "1", "get", 1, 16, "GOT")); g != 16 || h != 0 {
+		t.Fatalf("migration: gpu=%d host=%d, want all 16 migrated into GPU 1's arena", g, h)
+	}
+	// A host-only client reads GPU-resident blocks (copied down for it).
+	run("gethost", "", "get", 1, 16, "GOT 16")
+
+	// 3. Pressure: 96 more blocks (24MiB) through GPU 0's 8MiB arena: the
+	// overflow goes to the host tier and the demoter moves cold blocks down.
+	if l := run("put0b", "0", "put", 2, 96, "PUT"); l != "PUT 96" {
+		t.Fatalf("put under pressure: %q", l)
+	}
+	g, h := gpuGot(t, run("get0b", "0", "get", 2, 96, "GOT"))
+	if g+h != 96 || h == 0 {
+		t.Fatalf("under pressure: gpu=%d host=%d, want some from the host tier", g, h)
+	}
+	// Host → GPU promotion: hits of a GPU client promote host blocks into
+	// its arena (room was made by the demoter); a second pass finds more
+	// of the tail in the GPU.
+	time.Sleep(300 * time.Millisecond)
+	g2, _ := gpuGot(t, run("get0c", "0", "get", 2, 8, "GOT"))
+	if g2 == 0 {
+		t.Fatalf("no promotion host → GPU: gpu=%d of 8", g2)
+	}
+	t.Logf("pressure pass: gpu=%d host=%d; after promotion: gpu=%d of 8", g, h, g2)
+}

@@ -1,0 +1,651 @@
+package tiers
+
+// The GPU tier: one daemon-owned device arena per GPU, exported once through
+// CUDA IPC, on top of the host → nvme chain.
+//
+// Slots in a GPU arena are managed by the host tier's slab allocator (a Host
+// built with NewSlots): the allocator never touches device memory except to
+// compact, which it does through a synchronous device-to-device Move on a
+// stream of its own, under its lock, and only for unpinned blocks (never a
+// leased or reserved one). The GPU allocator does not evict (NoEvict):
+// capacity pressure is relieved by demotion to the host tier instead, by a
+// demoter per GPU that copies the coldest unleased blocks device → pinned host
+// arena and then drops them from the GPU.
+//
+// A block may have copies in several tiers (a GPU and the host tier after a
+// promotion, or host and NVMe); blocks are immutable, so every copy is equal.
+// Reservations of new blocks go through GPUSet.Reserve, which checks every
+// tier under one lock, so a key is never reserved twice. Copies made by the
+// daemon (demotion, promotion, migration, GPU → host for a host-only reader)
+// run on mover goroutines: queued on a stream, an event recorded after the
+// copy and waited for, never a device-wide synchronize; the ring loops never
+// wait for them (deferred completions, as for NVMe promotions).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers/policy"
+)
+
+// GPUConfig tunes the GPU tier.
+type GPUConfig struct {
+	SlabBytes int64 // slab size of the GPU arenas (the arena is rounded down to a multiple)
+	Align     int64 // slot alignment (default DefaultAlign)
+	// HighWatermark and LowWatermark are fractions of each GPU arena: above
+	// high its demoter moves the coldest blocks to the host tier until low.
+	HighWatermark, LowWatermark float64
+	// Workers run the daemon-side copies (default 4); Streams per GPU
+	// (default Workers).
+	Workers int
+	Logger  *slog.Logger
+}
+
+// GPU is one device's arena and its allocator.
+type GPU struct {
+	Index  int
+	Dev    cudaipc.Device
+	Arena  cudaipc.Arena
+	Handle cudaipc.IPCHandle
+	Slots  *Host
+
+	set     *GPUSet
+	compact cudaipc.Stream
+	copiers chan *gpuCopier
+	kick    chan struct{}
+}
+
+type gpuCopier struct {
+	s cudaipc.Stream
+	e cudaipc.Event
+}
+
+func (g *GPU) ptr(off int64) cudaipc.DevicePtr { return g.Arena.Ptr() + cudaipc.DevicePtr(off) }
+
+// run queues one copy on a stream of g and waits for an event recorded after
+// it (the copy's completion, not the device's).
+func (g *GPU) run(op func(s cudaipc.Stream) error) error {
+	c := <-g.copiers
+	defer func() { g.copiers <- c }()
+	if err := op(c.s); err != nil {
+		return err
+	}
+	if err := c.e.Record(c.s); err != nil {
+		c.s.Synchronize()
+		return err
+	}
+	return c.e.Synchronize()
+}
+
+// hasRoom reports whether n more bytes stay under the high watermark.
+func (g *GPU) hasRoom(n int64) bool {
+	used, capacity := g.Slots.Usage()
+	return float64(used+n) <= g.set.cfg.HighWatermark*float64(capacity)
+}
+
+func (g *GPU) kickDemoter() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// GPUSet is the GPU tier of every device, over the chain.
+type GPUSet struct {
+	Chain *Chain
+	GPUs  []*GPU
+	cfg   GPUConfig
+	log   *slog.Logger
+	host  []byte // the host arena, registered as pinned
+	reg   cudaipc.Device
+
+	mu sync.Mutex // serializes reservations of new blocks across tiers
+
+	imu      sync.Mutex
+	inflight map[moveKey]*gpuMove
+	jobs     chan func()
+	wg       sync.WaitGroup
+
+	promoted, demoted, migrated, toHost atomic.Uint64
+	copyErrors, compactErrors           atomic.Uint64
+}
+
+type moveKey struct {
+	k   Key
+	dst *Host
+}
+
+type gpuMove struct{ waiters []func(*Handle, error) }
+
+// ErrGPUCopy reports a failed daemon-side device copy.
+var ErrGPUCopy = errors.New("gpu copy failed")
+
+// NewGPUSet allocates an arena of sizes[i] bytes (rounded down to the slab
+// size) on each device, exports it, and registers hostArena (the mapped host
+// arena, memory Go does not manage) as pinned, once (portable registration).
+// On error everything allocated is released; the devices stay open.
+func NewGPUSet(chain *Chain, hostArena []byte, devs []cudaipc.Device, sizes []int64, cfg GPUConfig) (gs *GPUSet, err error) {
+	if len(devs) == 0 || len(devs) != len(sizes) {
+		return nil, fmt.Errorf("tiers: gpu set: %d devices, %d sizes", len(devs), len(sizes))
+	}
+	if cfg.HighWatermark <= 0 || cfg.HighWatermark > 1 {
+		cfg.HighWatermark = 0.9
+	}
+	if cfg.LowWatermark <= 0 || cfg.LowWatermark >= cfg.HighWatermark {
+		cfg.LowWatermark = cfg.HighWatermark * 0.85
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.Align == 0 {
+		cfg.Align = DefaultAlign
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	gs = &GPUSet{Chain: chain, cfg: cfg, log: cfg.Logger, host: hostArena,
+		inflight: map[moveKey]*gpuMove{}, jobs: make(chan func(), 1024)}
+	defer func() {
+		if err != nil {
+			gs.Close()
+			gs = nil
+		}
+	}()
+	for i, dev := range devs {
+		size := sizes[i] / cfg.SlabBytes * cfg.SlabBytes
+		if size <= 0 {
+			return gs, fmt.Errorf("gpu %d: arena of %d bytes is smaller than a slab (%d)", i, sizes[i], cfg.SlabBytes)
+		}
+		g := &GPU{Index: i, Dev: dev, set: gs, kick: make(chan struct{}, 1), copiers: make(chan *gpuCopier, cfg.Workers)}
+		gs.GPUs = append(gs.GPUs, g)
+		if g.Arena, err = dev.Alloc(size); err != nil {
+			return gs, fmt.Errorf("gpu %d: allocate arena of %d bytes: %w", i, size, err)
+		}
+		if g.Handle, err = g.Arena.IPCHandle(); err != nil {
+			return gs, fmt.Errorf("gpu %d: export arena: %w", i, err)
+		}
+		if g.compact, err = dev.NewStream(); err != nil {
+			return gs, fmt.Errorf("gpu %d: %w", i, err)
+		}
+		for w := 0; w < cfg.Workers; w++ {
+			c := &gpuCopier{}
+			if c.s, err = dev.NewStream(); err != nil {
+				return gs, fmt.Errorf("gpu %d: %w", i, err)
+			}
+			if c.e, err = dev.NewEvent(); err != nil {
+				c.s.Close()
+				return gs, fmt.Errorf("gpu %d: %w", i, err)
+			}
+			g.copiers <- c
+		}
+		g.Slots, err = NewSlots(size, HostConfig{SlabBytes: cfg.SlabBytes, Align: cfg.Align, NoEvict: true, Move: g.move})
+		if err != nil {
+			return gs, fmt.Errorf("gpu %d: %w", i, err)
+		}
+	}
+	if err = devs[0].RegisterHost(hostArena); err != nil {
+		return gs, fmt.Errorf("register host arena as pinned: %w", err)
+	}
+	gs.reg = devs[0]
+	return gs, nil
+}
+
+// move is the GPU allocator's compaction hook: a synchronous D2D copy on
+// the compaction stream (called under the allocator's lock).
+func (g *GPU) move(dst, src, n int64) {
+	err := g.Dev.CopyDtoDAsync(g.ptr(dst), g.ptr(src), n, g.compact)
+	if err == nil {
+		err = g.compact.Synchronize()
+	}
+	if err != nil {
+		g.set.compactErrors.Add(1)
+		g.set.log.Error("gpu arena compaction copy failed", "gpu", g.Index, "err", err)
+	}
+}
+
+// ByUUID returns the index of the GPU with uuid.
+func (gs *GPUSet) ByUUID(u cudaipc.UUID) (int, bool) {
+	for i, g := range gs.GPUs {
+		if g.Dev.Info().UUID == u {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// Start runs the copy workers and the demoters until ctx ends.
+func (gs *GPUSet) Start(ctx context.Context) {
+	gs.wg.Add(gs.cfg.Workers + len(gs.GPUs))
+	for i := 0; i < gs.cfg.Workers; i++ {
+		go func() {
+			defer gs.wg.Done()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case f := <-gs.jobs:
+					f()
+				}
+			}
+		}()
+	}
+	for _, g := range gs.GPUs {
+		go func() {
+			defer gs.wg.Done()
+			gs.demoteLoop(ctx, g)
+		}()
+	}
+}
+
+// Wait waits for Start's goroutines and runs the copies still queued, so
+// that every waiter is answered.
+func (gs *GPUSet) Wait() {
+	gs.wg.Wait()
+	for {
+		select {
+		case f := <-gs.jobs:
+			f()
+		default:
+			return
+		}
+	}
+}
+
+// Close frees the arenas (after the copies in flight), unregisters the host
+// arena and closes the devices. Clients must have closed their mappings.
+func (gs *GPUSet) Close() {
+	for _, g := range gs.GPUs {
+		for len(g.copiers) > 0 {
+			c := <-g.copiers
+			c.e.Close()
+			c.s.Close()
+		}
+		if g.compact != nil {
+			g.compact.Close()
+		}
+		if g.Arena != nil {
+			g.Arena.Free()
+		}
+	}
+	if gs.reg != nil {
+		gs.reg.UnregisterHost(gs.host)
+		gs.reg = nil
+	}
+	for _, g := range gs.GPUs {
+		g.Dev.Close()
+	}
+}
+
+// holder returns the index of a GPU other than not that holds k committed.
+func (gs *GPUSet) holder(k Key, not int) int {
+	for i, g := range gs.GPUs {
+		if i != not && g.Slots.Contains(k) {
+			return i
+		}
+	}
+	return -1
+}
+
+// Lookup is Chain.Lookup with the GPU tiers on top: a key in any GPU arena
+// is a hit reported as shm.TierGPU.
+func (gs *GPUSet) Lookup(keys []Key, out []shm.Tier) (hits int, req uint64) {
+	hits, req = gs.Chain.Lookup(keys, out)
+	for hits < len(keys) && gs.holder(keys[hits], -1) >= 0 {
+		out[hits] = shm.TierGPU
+		hits++
+		if hits < len(keys) {
+			n, _ := gs.Chain.Lookup(keys[hits:], out[hits:])
+			hits += n
+		}
+	}
+	return hits, req
+}
+
+// Reserve reserves a slot for a new block: in GPU gpu's arena when gpu >= 0
+// and it has room, else in the host tier. A block present in any tier is
+// ErrExists. Parked blocks always go to the host tier.
+func (gs *GPUSet) Reserve(k Key, size int64, gpu int) (*Handle, error) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	for _, g := range gs.GPUs {
+		if g.Slots.Present(k) {
+			return nil, ErrExists
+		}
+	}
+	if gpu >= 0 && gpu < len(gs.GPUs) && !k.Parked() {
+		g := gs.GPUs[gpu]
+		if gs.Chain.Host.Present(k) || gs.Chain.inNVMe(k) {
+			return nil, ErrExists
+		}
+		if g.hasRoom(size) {
+			hd, err := g.Slots.Reserve(k, size)
+			if err == nil {
+				return hd, nil
+			}
+			if !errors.Is(err, ErrFull) && !errors.Is(err, ErrTooLarge) {
+				return nil, err
+			}
+		}
+		g.kickDemoter()
+	}
+	return gs.Chain.Reserve(k, size)
+}
+
+// GPUOf returns the GPU whose allocator owns hd, or nil for a host handle.
+func (gs *GPUSet) GPUOf(hd *Handle) *GPU {
+	for _, g := range gs.GPUs {
+		if hd.host == g.Slots {
+			return g
+		}
+	}
+	return nil
+}
+
+// Committed is called after a GPU reservation was committed.
+func (gs *GPUSet) Committed(g *GPU) {
+	if used, capacity := g.Slots.Usage(); float64(used) > gs.cfg.HighWatermark*float64(capacity) {
+		g.kickDemoter()
+	}
+}
+
+// Acquire leases k for a reader on GPU gpu (-1: none). device says the
+// reader can take a slot in that GPU's arena; otherwise (or without a GPU)
+// the lease is in the host tier. As Chain.Acquire, (nil, true) means done
+// will be called from a mover goroutine with the lease or an error, and
+// (nil, false) is a miss.
+//
+// A device reader gets: its GPU's copy; else a copy migrated from another
+// GPU by a peer copy (when peer access exists and its arena has room), or
+// through the host tier; else a promotion host → its GPU (when it has room);
+// else whatever the chain gives (host, or a promotion from NVMe).
+func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Handle, error)) (*Handle, bool) {
+	host := gs.Chain.Host
+	if device && gpu >= 0 && gpu < len(gs.GPUs) && !k.Parked() {
+		g := gs.GPUs[gpu]
+		if hd, ok := g.Slots.Acquire(k); ok {
+			return hd, true
+		}
+		if j := gs.holder(k, gpu); j >= 0 {
+			src := gs.GPUs[j]
+			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer && g.hasRoom(size) {
+				gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.migrate(src, g, k, size) })
+				return nil, true
+			}
+			if hd, ok := host.Acquire(k); ok {
+				return hd, true
+			}
+			gs.startMove(k, host, done, func() (*Host, error) { return host, gs.copyToHost(src, k, size) })
+			return nil, true
+		}
+		if host.Contains(k) && g.hasRoom(size) {
+			gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.promote(g, k, size) })
+			return nil, true
+		}
+		return gs.Chain.Acquire(k, size, done)
+	}
+	if hd, ok := host.Acquire(k); ok {
+		return hd, true
+	}
+	if j := gs.holder(k, -1); j >= 0 {
+		src := gs.GPUs[j]
+		gs.startMove(k, host, done, func() (*Host, error) { return host, gs.copyToHost(src, k, size) })
+		return nil, true
+	}
+	return gs.Chain.Acquire(k, size, done)
+}
+
+// startMove runs work on a mover goroutine, once per (key, destination);
+// every waiter then gets a lease on the tier work reports the block in.
+func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (*Host, error)) {
+	mk := moveKey{k: k, dst: dst}
+	gs.imu.Lock()
+	if m := gs.inflight[mk]; m != nil {
+		m.waiters = append(m.waiters, done)
+		gs.imu.Unlock()
+		return
+	}
+	m := &gpuMove{waiters: []func(*Handle, error){done}}
+	gs.inflight[mk] = m
+	gs.imu.Unlock()
+	job := func() {
+		at, err := work()
+		gs.imu.Lock()
+		delete(gs.inflight, mk)
+		ws := m.waiters
+		gs.imu.Unlock()
+		for _, w := range ws {
+			if err != nil {
+				w(nil, err)
+				continue
+			}
+			if hd, ok := at.Pin(k); ok {
+				w(hd, nil)
+			} else {
+				w(nil, fmt.Errorf("%w: %s left the tier before it was leased", ErrGPUCopy, k.Hash))
+			}
+		}
+	}
+	select {
+	case gs.jobs <- job:
+	default:
+		go func() { gs.jobs <- job }() // bounded by the sessions' rings
+	}
+}
+
+// promote copies k host → GPU g (H2D from the pinned host arena). The host
+// copy stays (clean). Without room it reports the host tier.
+func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
+	host := gs.Chain.Host
+	src, ok := host.Pin(k)
+	if !ok {
+		if g.Slots.Contains(k) {
+			return g.Slots, nil
+		}
+		return nil, fmt.Errorf("%w: %s left the host tier before its promotion", ErrGPUCopy, k.Hash)
+	}
+	defer host.Unpin(src, false)
+	dst, err := g.Slots.Reserve(k, src.Size)
+	switch {
+	case errors.Is(err, ErrExists):
+		return g.Slots, nil // promoted meanwhile (or being put: Pin decides)
+	case err != nil:
+		return host, nil // no room after all: serve the host copy
+	}
+	err = g.run(func(s cudaipc.Stream) error { return g.Dev.CopyHtoDAsync(g.ptr(dst.Offset), host.Bytes(src), s) })
+	if err != nil {
+		g.Slots.Abort(dst)
+		gs.copyErrors.Add(1)
+		gs.log.Warn("promotion host → gpu failed; serving the host copy", "gpu", g.Index, "err", err)
+		return host, nil
+	}
+	if err := g.Slots.Commit(dst); err != nil {
+		return host, nil
+	}
+	gs.promoted.Add(1)
+	gs.Committed(g)
+	return g.Slots, nil
+}
+
+// migrate moves k from GPU src to GPU dst by a peer copy; the source copy is
+// dropped unless a reader holds it. Without room it goes through the host.
+func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, error) {
+	from, ok := src.Slots.Pin(k)
+	if !ok {
+		if dst.Slots.Contains(k) {
+			return dst.Slots, nil
+		}
+		return gs.Chain.Host, gs.copyToHostAny(k, size)
+	}
+	to, err := dst.Slots.Reserve(k, from.Size)
+	if errors.Is(err, ErrExists) {
+		src.Slots.Unpin(from, false)
+		return dst.Slots, nil
+	}
+	if err != nil {
+		src.Slots.Unpin(from, false)
+		return gs.Chain.Host, gs.copyToHost(src, k, size)
+	}
+	err = src.run(func(s cudaipc.Stream) error {
+		return src.Dev.CopyPeerAsync(dst.ptr(to.Offset), dst.Dev, src.ptr(from.Offset), from.Size, s)
+	})
+	if err != nil {
+		dst.Slots.Abort(to)
+		src.Slots.Unpin(from, false)
+		gs.copyErrors.Add(1)
+		gs.log.Warn("peer copy failed; going through the host tier", "from", src.Index, "to", dst.Index, "err", err)
+		return gs.Chain.Host, gs.copyToHost(src, k, size)
+	}
+	if err := dst.Slots.Commit(to); err != nil {
+		src.Slots.Unpin(from, false)
+		return nil, fmt.Errorf("%w: %v", ErrGPUCopy, err)
+	}
+	src.Slots.Unpin(from, true)
+	gs.migrated.Add(1)
+	gs.Committed(dst)
+	return dst.Slots, nil
+}
+
+func (gs *GPUSet) copyToHostAny(k Key, size int64) error {
+	if j := gs.holder(k, -1); j >= 0 {
+		return gs.copyToHost(gs.GPUs[j], k, size)
+	}
+	if gs.Chain.Host.Contains(k) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is gone", ErrGPUCopy, k.Hash)
+}
+
+// copyToHost makes sure the host tier holds k, copying it D2H from GPU g into
+// the pinned host arena. The GPU copy stays.
+func (gs *GPUSet) copyToHost(g *GPU, k Key, size int64) error {
+	src, ok := g.Slots.Pin(k)
+	if !ok {
+		if gs.Chain.Host.Contains(k) {
+			return nil
+		}
+		return fmt.Errorf("%w: %s left GPU %d before its copy", ErrGPUCopy, k.Hash, g.Index)
+	}
+	defer g.Slots.Unpin(src, false)
+	if err := gs.writeDown(g, src); err != nil {
+		return err
+	}
+	gs.toHost.Add(1)
+	return nil
+}
+
+// writeDown copies the pinned GPU block hd into the host tier (a no-op when
+// the host tier already holds it).
+func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
+	c := gs.Chain
+	if c.NVMe != nil {
+		c.makeRoom(hd.Size) // demote host → nvme rather than drop
+	}
+	dst, err := c.Host.Reserve(hd.Key, hd.Size)
+	if errors.Is(err, ErrExists) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: reserve host slot: %v", ErrGPUCopy, err)
+	}
+	err = g.run(func(s cudaipc.Stream) error { return g.Dev.CopyDtoHAsync(c.Host.Bytes(dst), g.ptr(hd.Offset), s) })
+	if err != nil {
+		c.Host.Abort(dst)
+		gs.copyErrors.Add(1)
+		return fmt.Errorf("%w: gpu %d → host: %v", ErrGPUCopy, g.Index, err)
+	}
+	if err := c.Host.Commit(dst); err != nil {
+		return fmt.Errorf("%w: %v", ErrGPUCopy, err)
+	}
+	if dst.Key.Parked() {
+		c.Park(dst.Key)
+	} else {
+		c.Inserted(dst.Key, policy.AccessInfo{})
+	}
+	c.Committed()
+	return nil
+}
+
+// demoteLoop keeps GPU g under its high watermark by moving its coldest
+// unleased blocks to the host tier.
+func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.kick:
+		case <-t.C:
+		}
+		used, capacity := g.Slots.Usage()
+		if float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
+			continue
+		}
+		for float64(used) > gs.cfg.LowWatermark*float64(capacity) && ctx.Err() == nil {
+			if gs.demoteBatch(g, 8) == 0 {
+				break
+			}
+			used, _ = g.Slots.Usage()
+		}
+	}
+}
+
+// DemoteBatch moves up to n of GPU g's coldest unleased blocks to the host
+// tier and returns how many left the GPU.
+func (gs *GPUSet) demoteBatch(g *GPU, n int) int {
+	moved := 0
+	for _, hd := range g.Slots.PinColdest(n, nil) {
+		if err := gs.writeDown(g, hd); err != nil {
+			gs.log.Warn("demotion gpu → host failed", "gpu", g.Index, "err", err)
+			g.Slots.Unpin(hd, false)
+			continue
+		}
+		if dropped, _ := g.Slots.Unpin(hd, true); dropped {
+			moved++
+			gs.demoted.Add(1)
+		}
+	}
+	return moved
+}
+
+// Delete removes k from every GPU and the chain.
+func (gs *GPUSet) Delete(k Key) bool {
+	found := false
+	for _, g := range gs.GPUs {
+		found = g.Slots.Delete(k) || found
+	}
+	return gs.Chain.Delete(k) || found
+}
+
+// DeleteNS removes namespace ns from every tier.
+func (gs *GPUSet) DeleteNS(ns uint32) int {
+	n := gs.Chain.DeleteNS(ns)
+	for _, g := range gs.GPUs {
+		n = max(n, g.Slots.DeleteNS(ns))
+	}
+	return n
+}
+
+// GPUStats describes the GPU tier.
+type GPUStats struct {
+	Devices                             []HostStats
+	Promoted, Demoted, Migrated, ToHost uint64
+	CopyErrors, CompactErrors           uint64
+}
+
+// Stats returns the GPU tier's counters and each arena's allocator stats.
+func (gs *GPUSet) Stats() GPUStats {
+	st := GPUStats{Promoted: gs.promoted.Load(), Demoted: gs.demoted.Load(), Migrated: gs.migrated.Load(),
+		ToHost: gs.toHost.Load(), CopyErrors: gs.copyErrors.Load(), CompactErrors: gs.compactErrors.Load()}
+	for _, g := range gs.GPUs {
+		st.Devices = append(st.Devices, g.Slots.Stats())
+	}
+	return st
+}
