@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"log/slog"
+	"strconv"
 
 	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
@@ -95,4 +96,37 @@ func (d *Daemon) tierOf(hd *tiers.Handle) shm.Tier {
 		return shm.TierGPU
 	}
 	return shm.TierHost
+}
+
+// gpuTierName is the tier name (status row, metrics tier label) of GPU i.
+func gpuTierName(i int) string { return "gpu" + strconv.Itoa(i) }
+
+// gpuStats adds a tier row per GPU arena and the GPU movement rows. The
+// rows follow the host (and nvme) rows: readers of Stats take Tiers[0] as
+// the host tier.
+func (d *Daemon) gpuStats(st *shm.Stats) {
+	if d.gpus == nil {
+		return
+	}
+	gst := d.gpus.Stats()
+	for i, hs := range gst.Devices {
+		ratio := 0.0
+		if hs.Hits+hs.Misses > 0 {
+			ratio = float64(hs.Hits) / float64(hs.Hits+hs.Misses)
+		}
+		st.Tiers = append(st.Tiers, shm.TierStats{
+			Name: gpuTierName(i), CapacityBytes: hs.CapacityBytes, UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
+			Reserved: hs.Reserved, Leased: hs.Leased, Hits: hs.Hits, Misses: hs.Misses,
+			Evictions: hs.Evictions, HitRatio: ratio, Demotions: gst.Demotions[i],
+			Compactions: hs.Compactions, CompactedBlocks: hs.CompactedBlocks,
+		})
+	}
+	move := func(from, to string, m tiers.MoveStats) shm.MoveStats {
+		return shm.MoveStats{From: from, To: to, Blocks: m.Blocks, Bytes: m.Bytes, Errors: m.Errors, Seconds: m.Time.Seconds()}
+	}
+	st.Moves = append(st.Moves,
+		move("gpu", "host", gst.GPUToHost),
+		move("host", "gpu", gst.HostToGPU),
+		move("gpu", "gpu", gst.GPUToGPU),
+	)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers"
 )
 
 // Metrics live on a registry owned by the daemon (never the global one), so
@@ -229,6 +230,11 @@ var (
 	descParkExpired  = desc("parked_expired_total", "Parked blocks deleted because their TTL passed.")
 	descErrors       = desc("errors_total", "Errors by kind: hostile_session, checksum_miss, demote, promote, park, policy_event_drop, refused_connection.", "kind")
 
+	descGPULeased     = desc("gpu_leased_blocks", "GPU arena blocks with at least one lease (leased blocks are never demoted or migrated).", "tier")
+	descGPUReserved   = desc("gpu_reserved_blocks", "GPU arena reservations not yet committed or aborted.", "tier")
+	descGPUDemotions  = desc("gpu_demotions_total", "Blocks the GPU arena's demoter moved to the host tier.", "tier")
+	descGPUCompactErr = desc("gpu_compaction_errors_total", "Failed device-to-device copies of GPU arena compaction.")
+
 	descNVMeDisk      = desc("nvme_disk_bytes", "Bytes the NVMe tier's directory occupies on disk (LSM, value log, manifest), last measurement.")
 	descNVMeLimit     = desc("nvme_logical_limit_bytes", "Logical bytes the NVMe tier holds before it evicts (adapts to badger's space amplification).")
 	descNVMePuts      = desc("nvme_puts_total", "Blocks written to the NVMe store.")
@@ -250,6 +256,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descHostReserved, descHostLeased, descHostCompactions,
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
+		descGPULeased, descGPUReserved, descGPUDemotions, descGPUCompactErr,
 		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
 		descNVMeReindex, descNVMeReindexS, descNVMeReadHits, descNVMeReadMisss,
 		descBuildInfo,
@@ -309,6 +316,30 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descMoves, cs.Promoted, "nvme", "host")
 	counter(descMovedBytes, cs.PromotedBytes, "nvme", "host")
 	counter(descMoveErrors, cs.PromoteErrors, "nvme", "host")
+	if d.gpus != nil {
+		gst := d.gpus.Stats()
+		for i, gs := range gst.Devices {
+			tier := gpuTierName(i)
+			counter(descTierHits, gs.Hits, tier)
+			counter(descTierMisses, gs.Misses, tier)
+			gauge(descTierBytes, float64(gs.UsedBytes), tier)
+			gauge(descTierBlocks, float64(gs.Blocks), tier)
+			gauge(descTierCapacity, float64(gs.CapacityBytes), tier)
+			counter(descTierEvictions, gs.Evictions, tier)
+			gauge(descGPULeased, float64(gs.Leased), tier)
+			gauge(descGPUReserved, float64(gs.Reserved), tier)
+			counter(descGPUDemotions, gst.Demotions[i], tier)
+		}
+		for _, m := range []struct {
+			from, to string
+			s        tiers.MoveStats
+		}{{"gpu", "host", gst.GPUToHost}, {"host", "gpu", gst.HostToGPU}, {"gpu", "gpu", gst.GPUToGPU}} {
+			counter(descMoves, m.s.Blocks, m.from, m.to)
+			counter(descMovedBytes, m.s.Bytes, m.from, m.to)
+			counter(descMoveErrors, m.s.Errors, m.from, m.to)
+		}
+		counter(descGPUCompactErr, gst.CompactErrors)
+	}
 	counter(descPrefetch, cs.Prefetches)
 	counter(descPrefDrops, cs.PrefetchDropped)
 	gauge(descParked, float64(cs.ParkedBlocks))

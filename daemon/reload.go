@@ -23,11 +23,18 @@ type reloadState struct {
 
 // liveFields are the configuration fields Reload applies to a running
 // daemon, by dotted TOML name. Every other field needs a restart: the host
-// arena is one sealed memfd mapped by every client (host.*: capacity,
-// slab_bytes, hugepages), the socket and directories are what clients and
-// the state lock are bound to, the NVMe store sizes its value-log files
-// from its capacity when it opens, and the rest is read once at start.
-var liveFields = []string{"log.level", "host.high_watermark", "host.low_watermark"}
+// arena is one sealed memfd mapped by every client (host.slab_bytes,
+// hugepages), the socket and directories are what clients and the state
+// lock are bound to, and the rest is read once at start.
+//
+// host.capacity is live as a target: the arena cannot shrink or grow, so a
+// smaller capacity scales the mover's watermarks by capacity/arena (with
+// the memory pressure ratio, tiers.Chain.SetCapacityRatio) and a larger
+// one is capped at the arena (growing it needs a restart). nvme.capacity
+// is live when the NVMe tier is on and the value is not 0 (auto): the
+// store's budget changes and a smaller one evicts down to it (its segment
+// file size stays the one computed at start).
+var liveFields = []string{"log.level", "host.capacity", "host.high_watermark", "host.low_watermark", "nvme.capacity"}
 
 // Config returns the configuration in effect: the one the daemon started
 // with, plus the live fields of the reloads applied since.
@@ -45,8 +52,9 @@ func (d *Daemon) currentLocked() Config {
 }
 
 // Reload applies next (typically the config file read again on SIGHUP) to
-// the running daemon without dropping sessions: the log level and the host
-// tier's watermarks change at once. Fields that can only change with a
+// the running daemon without dropping sessions: the log level, the host
+// tier's watermarks and capacity target and the NVMe tier's capacity
+// change at once (see liveFields). Fields that can only change with a
 // restart are named in one warning and otherwise ignored, so the next
 // reload names them again until the daemon restarts. An invalid next is
 // refused as a whole. systemd sees RELOADING=1 … READY=1 around it.
@@ -68,12 +76,42 @@ func (d *Daemon) Reload(next Config) error {
 			ignored = append(ignored, f)
 		}
 	}
+	notLive := func(f string) {
+		applied = slices.DeleteFunc(applied, func(a string) bool { return a == f })
+		ignored = append(ignored, f)
+	}
+	// The NVMe budget first: the one change that can fail, and then the
+	// reload is refused before anything else changed.
+	if slices.Contains(applied, "nvme.capacity") {
+		if d.nvme == nil || next.NVMe.Capacity == 0 {
+			notLive("nvme.capacity") // tier off, or auto-sized at start
+		} else if err := d.nvme.SetCapacity(int64(next.NVMe.Capacity)); err != nil {
+			d.log.Error("configuration reload refused; keeping the running configuration", "err", err)
+			return fmt.Errorf("reload: %w", err)
+		} else {
+			cur.NVMe.Capacity = next.NVMe.Capacity
+		}
+	}
+	if slices.Contains(applied, "host.capacity") {
+		_, arena := d.host.Usage()
+		target := min(int64(next.Host.Capacity), arena)
+		if int64(next.Host.Capacity) > arena {
+			d.log.Warn("host.capacity is larger than the host arena; capped at the arena size, growing the arena needs a restart",
+				"host_capacity", next.Host.Capacity.String(), "arena", ByteSize(arena).String())
+		}
+		if ByteSize(target) == cur.Host.Capacity {
+			notLive("host.capacity")
+		} else if err := d.chain.SetCapacityRatio(float64(target) / float64(arena)); err != nil {
+			return fmt.Errorf("reload: %w", err) // Validate keeps target > 0
+		} else {
+			cur.Host.Capacity = ByteSize(target)
+		}
+	}
 	if slices.Contains(applied, "log.level") {
 		lv := levelVarOf(d.log)
 		if lv == nil {
 			// Only loggers built by LogConfig.NewLogger have a level to set.
-			applied = slices.DeleteFunc(applied, func(f string) bool { return f == "log.level" })
-			ignored = append(ignored, "log.level")
+			notLive("log.level")
 		} else {
 			lvl, _ := parseLevel(next.Log.Level) // validated
 			lv.Set(lvl)
@@ -91,7 +129,8 @@ func (d *Daemon) Reload(next Config) error {
 		d.log.Warn("configuration changes need a restart; ignored until then", "fields", strings.Join(ignored, ","))
 	}
 	d.log.Info("configuration reloaded", "applied", strings.Join(applied, ","),
-		"log_level", cur.Log.Level, "high_watermark", cur.Host.HighWatermark, "low_watermark", cur.Host.LowWatermark)
+		"log_level", cur.Log.Level, "high_watermark", cur.Host.HighWatermark, "low_watermark", cur.Host.LowWatermark,
+		"host_capacity", cur.Host.Capacity.String(), "nvme_capacity", cur.NVMe.Capacity.String())
 	return nil
 }
 

@@ -553,6 +553,7 @@ func (d *Daemon) Stats() shm.Stats {
 		{From: "host", To: "nvme", Blocks: cs.Demoted, Bytes: cs.DemotedBytes, Errors: cs.DemoteErrors, Seconds: cs.SwapOut.Seconds()},
 		{From: "nvme", To: "host", Blocks: cs.Promoted, Bytes: cs.PromotedBytes, Errors: cs.PromoteErrors, Seconds: cs.SwapIn.Seconds()},
 	}
+	d.gpuStats(&st) // gpu.go
 	for op := shm.OpLookup; op.Valid(); op++ {
 		st.Ops[op.String()] = d.ops[op].Load()
 	}

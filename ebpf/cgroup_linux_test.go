@@ -70,7 +70,7 @@ func TestControllerCgroupHog(t *testing.T) {
 	script := `echo $$ > "$1"; while :; do dd if=/dev/zero of="$2/hog" bs=1M count=128 status=none; cat "$2/hog" > /dev/null; done`
 	hog := exec.Command("sh", "-c", script, "hog", procs, dir)
 	hog.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	ch := &fakeChain{high: 0.95, low: 0.85}
+	ch := newFakeChain(0.95, 0.85)
 	c := NewController(ControllerConfig{Interval: 250 * time.Millisecond, Calm: 2}, &PSI{Path: DefaultPSIPath}, ch, DefaultPSIPath, nil)
 	c.src.Pressure(c.cfg.Interval)
 	if err := hog.Start(); err != nil {

@@ -129,10 +129,12 @@ func (r *ReclaimSource) Pressure(interval time.Duration) (float64, error) {
 	return math.Min(100, 100*float64(s.StallTime-last.StallTime)/float64(interval)), nil
 }
 
-// Watermarker is the host tier's mover thresholds (*tiers.Chain).
+// Watermarker is the host tier's mover thresholds (*tiers.Chain). The
+// chain owns the effective watermarks (configured × capacity ratio ×
+// pressure ratio); the controller only sets its own ratio.
 type Watermarker interface {
-	Watermarks() (high, low float64)
-	SetWatermarks(high, low float64) error
+	Watermarks() (high, low float64) // effective
+	SetPressureRatio(r float64) error
 }
 
 // ControllerConfig tunes the Controller; zero fields take the defaults.
@@ -184,9 +186,10 @@ type ControllerState struct {
 // Lowering the high watermark makes the tier's demoter move the coldest
 // blocks to NVMe.
 //
-// The configured watermarks are those in force whenever the target is
-// full: a reload (SIGHUP) then is taken as the new base. A reload under
-// pressure is overridden at the next decision until the pressure ends.
+// The controller sets only its ratio (Watermarker.SetPressureRatio); the
+// chain multiplies it with the configured watermarks and the host capacity
+// target, so a reload (SIGHUP) of either takes effect at once, under
+// pressure too, and stays scaled by the pressure target.
 type Controller struct {
 	cfg ControllerConfig
 	src PressureSource
@@ -196,8 +199,6 @@ type Controller struct {
 
 	mu        sync.Mutex
 	st        ControllerState
-	baseHigh  float64
-	baseLow   float64
 	calmCount int
 }
 
@@ -210,7 +211,6 @@ func NewController(cfg ControllerConfig, src PressureSource, wm Watermarker, psi
 	}
 	c := &Controller{cfg: cfg, src: src, wm: wm, log: log, psi: psiPath}
 	c.st = ControllerState{Source: src.Name(), TargetRatio: 1, SomeAvg10: -1}
-	c.baseHigh, c.baseLow = wm.Watermarks()
 	return c
 }
 
@@ -221,8 +221,8 @@ func (c *Controller) State() ControllerState {
 	return c.st
 }
 
-// Run samples every interval until ctx ends, then restores the configured
-// watermarks.
+// Run samples every interval until ctx ends, then sets the pressure ratio
+// back to 1.
 func (c *Controller) Run(ctx context.Context) {
 	t := time.NewTicker(c.cfg.Interval)
 	defer t.Stop()
@@ -232,7 +232,7 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-ctx.Done():
 			c.mu.Lock()
 			if c.st.TargetRatio < 1 {
-				c.wm.SetWatermarks(c.baseHigh, c.baseLow)
+				c.wm.SetPressureRatio(1)
 			}
 			c.mu.Unlock()
 			return
@@ -259,11 +259,6 @@ func (c *Controller) Step() {
 		return
 	}
 	c.st.Pressure = p
-	if c.st.TargetRatio >= 1 {
-		// Unpressured: the chain's watermarks are the base (a reload may
-		// have changed them).
-		c.baseHigh, c.baseLow = c.wm.Watermarks()
-	}
 	next := c.st.TargetRatio
 	switch {
 	case p >= c.cfg.High:
@@ -283,18 +278,19 @@ func (c *Controller) Step() {
 	}
 	// Round away float drift so that the full target is exactly 1.
 	next = math.Round(next*1000) / 1000
-	if err := c.wm.SetWatermarks(c.baseHigh*next, c.baseLow*next); err != nil {
-		c.log.Warn("cannot set host tier watermarks", "ratio", next, "err", err)
+	if err := c.wm.SetPressureRatio(next); err != nil {
+		c.log.Warn("cannot set host tier pressure ratio", "ratio", next, "err", err)
 		return
 	}
+	high, _ := c.wm.Watermarks()
 	if next < c.st.TargetRatio {
 		c.st.Shrinks++
 		c.log.Info("memory pressure: shrinking the host tier", "source", c.src.Name(), "pressure_pct", p,
-			"target_ratio", next, "high_watermark", c.baseHigh*next)
+			"target_ratio", next, "high_watermark", high)
 	} else {
 		c.st.Grows++
 		c.log.Info("memory pressure eased: growing the host tier back", "source", c.src.Name(), "pressure_pct", p,
-			"target_ratio", next, "high_watermark", c.baseHigh*next)
+			"target_ratio", next, "high_watermark", high)
 	}
 	c.st.TargetRatio = next
 }

@@ -27,12 +27,29 @@ func (f *fakeSource) Pressure(time.Duration) (float64, error) {
 	return f.p, nil
 }
 
-type fakeChain struct{ high, low float64 }
+// fakeChain scales its configured watermarks (cfgHigh, cfgLow) by the
+// pressure ratio as tiers.Chain does; high and low are the effective ones.
+type fakeChain struct {
+	cfgHigh, cfgLow float64
+	high, low       float64
+	ratio           float64
+}
+
+func newFakeChain(high, low float64) *fakeChain {
+	return &fakeChain{cfgHigh: high, cfgLow: low, high: high, low: low, ratio: 1}
+}
 
 func (c *fakeChain) Watermarks() (float64, float64) { return c.high, c.low }
-func (c *fakeChain) SetWatermarks(h, l float64) error {
-	c.high, c.low = h, l
+func (c *fakeChain) SetPressureRatio(r float64) error {
+	c.ratio = r
+	c.high, c.low = c.cfgHigh*r, c.cfgLow*r
 	return nil
+}
+
+// reload changes the configured watermarks (a SIGHUP).
+func (c *fakeChain) reload(high, low float64) {
+	c.cfgHigh, c.cfgLow = high, low
+	c.SetPressureRatio(c.ratio)
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -42,7 +59,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 // between Low and High, and grows back one step per Calm quiet samples.
 func TestControllerHysteresis(t *testing.T) {
 	src := &fakeSource{}
-	ch := &fakeChain{high: 0.9, low: 0.8}
+	ch := newFakeChain(0.9, 0.8)
 	c := NewController(ControllerConfig{High: 10, Low: 2, Calm: 3, Step: 0.25, Min: 0.5}, src, ch, "", nil)
 
 	src.set(1)
@@ -89,11 +106,16 @@ func TestControllerHysteresis(t *testing.T) {
 		t.Fatalf("shrinks %d grows %d, want 2 and 2", s.Shrinks, s.Grows)
 	}
 	// A reload while unpressured becomes the base.
-	ch.high, ch.low = 0.8, 0.6
+	ch.reload(0.8, 0.6)
 	src.set(50)
 	c.Step()
 	if !near(ch.high, 0.6) || !near(ch.low, 0.45) {
 		t.Fatalf("base after reload: watermarks %v/%v, want 0.6/0.45", ch.high, ch.low)
+	}
+	// A reload under pressure is kept, scaled by the pressure target.
+	ch.reload(0.4, 0.2)
+	if !near(ch.high, 0.3) || !near(ch.low, 0.15) || c.State().TargetRatio != 0.75 {
+		t.Fatalf("reload under pressure: watermarks %v/%v ratio %v, want 0.3/0.15 at 0.75", ch.high, ch.low, c.State().TargetRatio)
 	}
 }
 

@@ -224,3 +224,76 @@ func TestGPUTier(t *testing.T) {
 	}
 	t.Logf("pressure pass: gpu=%d host=%d; after promotion: gpu=%d of 8", g, h, g2)
 }
+
+// TestGPUExchange10k is the figure on the emulated device: a client
+// process on GPU 0 puts 10,000 blocks of 16 KiB from device memory into the
+// daemon's GPU arena, a second process on the same GPU gets them back into
+// device memory, and every byte is verified. The daemon's status then shows
+// the GPU tier's rows.
+func TestGPUExchange10k(t *testing.T) {
+	if !cudaipc.Emulated {
+		t.Skip("cuda build: run through scripts/gpu-check.sh on a GPU host")
+	}
+	const (
+		n  = 10000
+		bs = 16 << 10
+	)
+	dir := tmpDir(t)
+	emu := map[string]string{cudaipc.EnvEmulatedGPUs: "1:512MiB"}
+	denv := map[string]string{envDir: dir, envGPUArena: "256MiB", envCapacity: "64MiB"}
+	for k, v := range emu {
+		denv[k] = v
+	}
+	d := startProc(t, "daemon", "daemon", denv, "READY")
+	defer d.kill()
+	run := func(name, op, want string) string {
+		env := map[string]string{envSocket: socketOf(dir), envGPU: "0", envOp: op,
+			envSeed: "7", envN: strconv.Itoa(n), envBlock: strconv.Itoa(bs)}
+		for k, v := range emu {
+			env[k] = v
+		}
+		p := startProc(t, name, "gpuclient", env, "")
+		line := p.expect(want, 60*time.Second)
+		if err := p.wait(30 * time.Second); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return line
+	}
+	t0 := time.Now()
+	if l := run("put", "put", "PUT"); l != fmt.Sprintf("PUT %d", n) {
+		t.Fatalf("put: %q", l)
+	}
+	g, h := gpuGot(t, run("get", "get", "GOT")) // "GOT" only after every byte matched
+	if g != n || h != 0 {
+		t.Fatalf("get: gpu=%d host=%d, want all %d from the GPU arena", g, h, n)
+	}
+	t.Logf("%d blocks of %d KiB exchanged through the GPU tier in %v, zero byte errors", n, bs>>10, time.Since(t0))
+
+	c, err := client.Dial(context.Background(), client.Options{Socket: socketOf(dir), Name: "itest-stats"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st := stats(t, c)
+	var gpu0 bool
+	for _, tr := range st.Tiers {
+		if tr.Name == "gpu0" {
+			gpu0 = true
+			if tr.Blocks != n || tr.UsedBytes != n*bs || tr.Hits != n || tr.CapacityBytes != 256<<20 {
+				t.Fatalf("gpu0 row: %+v", tr)
+			}
+		}
+	}
+	if !gpu0 || st.Tiers[0].Name != "host" {
+		t.Fatalf("tiers: %+v", st.Tiers)
+	}
+	moves := map[string]bool{}
+	for _, m := range st.Moves {
+		moves[m.From+"→"+m.To] = true
+	}
+	for _, want := range []string{"gpu→host", "host→gpu", "gpu→gpu"} {
+		if !moves[want] {
+			t.Fatalf("no %s move row: %+v", want, st.Moves)
+		}
+	}
+}

@@ -50,6 +50,9 @@ type TierStats struct {
 	// Host tier: slabs freed by compaction and the blocks it moved.
 	Compactions     uint64 `json:"compactions,omitempty"`
 	CompactedBlocks uint64 `json:"compacted_blocks,omitempty"`
+	// GPU tiers (one row per GPU arena, "gpu0", "gpu1", …): blocks demoted
+	// to the host tier (the GPU arenas never evict).
+	Demotions uint64 `json:"demotions,omitempty"`
 	// NVMe tier: bytes on disk and reads that failed verification.
 	DiskBytes      int64  `json:"disk_bytes,omitempty"`
 	ChecksumMisses uint64 `json:"checksum_misses,omitempty"`

@@ -57,7 +57,8 @@ type Chain struct {
 	NVMe *nvme.Store // nil when the NVMe tier is off
 	cfg  ChainConfig
 	log  *slog.Logger
-	wm   atomic.Pointer[watermarks] // cfg's, until SetWatermarks
+	wm   atomic.Pointer[watermarks] // cfg's, until SetWatermarks (watermarks.go)
+	wmMu sync.Mutex                 // serializes updates of wm
 
 	promoCh chan *promotion
 	kick    chan struct{}
@@ -181,7 +182,7 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		unadmittedSet: map[policy.Key]struct{}{},
 		polCh:         make(chan polEvent, 1<<16),
 	}
-	c.wm.Store(&watermarks{high: cfg.HighWatermark, low: cfg.LowWatermark})
+	c.wm.Store(&watermarks{high: cfg.HighWatermark, low: cfg.LowWatermark, capRatio: 1, pressure: 1})
 	host.SetOnRemove(func(k Key) { c.note(polEvent{op: polRemove, k: pk(k)}) })
 	return c, nil
 }

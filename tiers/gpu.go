@@ -57,6 +57,7 @@ type GPU struct {
 	Slots  *Host
 
 	set     *GPUSet
+	demoted atomic.Uint64 // blocks demoted from this GPU to the host tier
 	compact cudaipc.Stream
 	copiers chan *gpuCopier
 	kick    chan struct{}
@@ -115,6 +116,99 @@ type GPUSet struct {
 
 	promoted, demoted, migrated, toHost atomic.Uint64
 	copyErrors, compactErrors           atomic.Uint64
+	// Per direction: host → gpu, gpu → host, gpu → gpu.
+	up, down, peer moveCounters
+
+	// moving holds a token per daemon-side copy in flight per key; Delete
+	// marks them, and a copy whose token is marked aborts its reservation
+	// instead of committing (so a Delete racing with a copy wins).
+	tmu    sync.Mutex
+	moving map[Key][]*moveTok
+
+	copied func(k Key) // tests: called after a copy, before its commit
+}
+
+type moveTok struct{ deleted bool }
+
+// moveCounters count the copies of one direction.
+type moveCounters struct {
+	blocks, bytes, errors atomic.Uint64
+	nanos                 atomic.Int64
+}
+
+func (m *moveCounters) done(n int64, start time.Time) {
+	m.blocks.Add(1)
+	m.bytes.Add(uint64(n))
+	m.nanos.Add(int64(time.Since(start)))
+}
+
+// MoveStats counts the copies of one direction.
+type MoveStats struct {
+	Blocks, Bytes, Errors uint64
+	Time                  time.Duration
+}
+
+func (m *moveCounters) stats() MoveStats {
+	return MoveStats{Blocks: m.blocks.Load(), Bytes: m.bytes.Load(), Errors: m.errors.Load(), Time: time.Duration(m.nanos.Load())}
+}
+
+// track registers a copy of k in flight; untrack ends it.
+func (gs *GPUSet) track(k Key) *moveTok {
+	t := &moveTok{}
+	gs.tmu.Lock()
+	gs.moving[k] = append(gs.moving[k], t)
+	gs.tmu.Unlock()
+	return t
+}
+
+func (gs *GPUSet) untrack(k Key, t *moveTok) {
+	gs.tmu.Lock()
+	defer gs.tmu.Unlock()
+	ts := gs.moving[k]
+	for i, x := range ts {
+		if x == t {
+			ts = append(ts[:i], ts[i+1:]...)
+			break
+		}
+	}
+	if len(ts) == 0 {
+		delete(gs.moving, k)
+	} else {
+		gs.moving[k] = ts
+	}
+}
+
+// tombstone marks the copies of k in flight as deleted (before Delete
+// removes k from the tiers, so a copy either commits first and is deleted,
+// or sees the mark and aborts).
+func (gs *GPUSet) tombstone(match func(Key) bool) {
+	gs.tmu.Lock()
+	defer gs.tmu.Unlock()
+	for k, ts := range gs.moving {
+		if match(k) {
+			for _, t := range ts {
+				t.deleted = true
+			}
+		}
+	}
+}
+
+// errDeleted: the block was deleted while it was being copied.
+var errDeleted = errors.New("deleted during the copy")
+
+// commitCopy commits the destination reservation of a copy unless k was
+// deleted since the copy began (then it aborts it and returns errDeleted).
+func (gs *GPUSet) commitCopy(t *moveTok, h *Host, hd *Handle) error {
+	if gs.copied != nil {
+		gs.copied(hd.Key)
+	}
+	gs.tmu.Lock()
+	defer gs.tmu.Unlock()
+	if t.deleted {
+		h.Abort(hd)
+		return fmt.Errorf("%w: %s %w", ErrGPUCopy, hd.Key.Hash, errDeleted)
+	}
+	return h.Commit(hd)
 }
 
 type moveKey struct {
@@ -151,7 +245,7 @@ func NewGPUSet(chain *Chain, hostArena []byte, devs []cudaipc.Device, sizes []in
 		cfg.Logger = slog.Default()
 	}
 	gs = &GPUSet{Chain: chain, cfg: cfg, log: cfg.Logger, host: hostArena,
-		inflight: map[moveKey]*gpuMove{}, jobs: make(chan func(), 1024)}
+		inflight: map[moveKey]*gpuMove{}, moving: map[Key][]*moveTok{}, jobs: make(chan func(), 1024)}
 	defer func() {
 		if err != nil {
 			gs.Close()
@@ -443,6 +537,9 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 // copy stays (clean). Without room it reports the host tier.
 func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
 	host := gs.Chain.Host
+	tok := gs.track(k)
+	defer gs.untrack(k, tok)
+	start := time.Now()
 	src, ok := host.Pin(k)
 	if !ok {
 		if g.Slots.Contains(k) {
@@ -462,12 +559,17 @@ func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
 	if err != nil {
 		g.Slots.Abort(dst)
 		gs.copyErrors.Add(1)
+		gs.up.errors.Add(1)
 		gs.log.Warn("promotion host → gpu failed; serving the host copy", "gpu", g.Index, "err", err)
 		return host, nil
 	}
-	if err := g.Slots.Commit(dst); err != nil {
+	if err := gs.commitCopy(tok, g.Slots, dst); err != nil {
+		if errors.Is(err, errDeleted) {
+			return nil, err
+		}
 		return host, nil
 	}
+	gs.up.done(dst.Size, start)
 	gs.promoted.Add(1)
 	gs.Committed(g)
 	return g.Slots, nil
@@ -476,6 +578,9 @@ func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
 // migrate moves k from GPU src to GPU dst by a peer copy; the source copy is
 // dropped unless a reader holds it. Without room it goes through the host.
 func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, error) {
+	tok := gs.track(k)
+	defer gs.untrack(k, tok)
+	start := time.Now()
 	from, ok := src.Slots.Pin(k)
 	if !ok {
 		if dst.Slots.Contains(k) {
@@ -499,14 +604,19 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, error) {
 		dst.Slots.Abort(to)
 		src.Slots.Unpin(from, false)
 		gs.copyErrors.Add(1)
+		gs.peer.errors.Add(1)
 		gs.log.Warn("peer copy failed; going through the host tier", "from", src.Index, "to", dst.Index, "err", err)
 		return gs.Chain.Host, gs.copyToHost(src, k, size)
 	}
-	if err := dst.Slots.Commit(to); err != nil {
+	if err := gs.commitCopy(tok, dst.Slots, to); err != nil {
 		src.Slots.Unpin(from, false)
+		if errors.Is(err, errDeleted) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %v", ErrGPUCopy, err)
 	}
 	src.Slots.Unpin(from, true)
+	gs.peer.done(to.Size, start)
 	gs.migrated.Add(1)
 	gs.Committed(dst)
 	return dst.Slots, nil
@@ -544,6 +654,12 @@ func (gs *GPUSet) copyToHost(g *GPU, k Key, size int64) error {
 // the host tier already holds it).
 func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
 	c := gs.Chain
+	tok := gs.track(hd.Key)
+	defer gs.untrack(hd.Key, tok)
+	if g.Slots.Deleted(hd) {
+		return fmt.Errorf("%w: %s %w", ErrGPUCopy, hd.Key.Hash, errDeleted)
+	}
+	start := time.Now()
 	if c.NVMe != nil {
 		c.makeRoom(hd.Size) // demote host → nvme rather than drop
 	}
@@ -558,11 +674,16 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
 	if err != nil {
 		c.Host.Abort(dst)
 		gs.copyErrors.Add(1)
+		gs.down.errors.Add(1)
 		return fmt.Errorf("%w: gpu %d → host: %v", ErrGPUCopy, g.Index, err)
 	}
-	if err := c.Host.Commit(dst); err != nil {
+	if err := gs.commitCopy(tok, c.Host, dst); err != nil {
+		if errors.Is(err, errDeleted) {
+			return err
+		}
 		return fmt.Errorf("%w: %v", ErrGPUCopy, err)
 	}
+	gs.down.done(dst.Size, start)
 	if dst.Key.Parked() {
 		c.Park(dst.Key)
 	} else {
@@ -603,13 +724,16 @@ func (gs *GPUSet) demoteBatch(g *GPU, n int) int {
 	moved := 0
 	for _, hd := range g.Slots.PinColdest(n, nil) {
 		if err := gs.writeDown(g, hd); err != nil {
-			gs.log.Warn("demotion gpu → host failed", "gpu", g.Index, "err", err)
+			if !errors.Is(err, errDeleted) {
+				gs.log.Warn("demotion gpu → host failed", "gpu", g.Index, "err", err)
+			}
 			g.Slots.Unpin(hd, false)
 			continue
 		}
 		if dropped, _ := g.Slots.Unpin(hd, true); dropped {
 			moved++
 			gs.demoted.Add(1)
+			g.demoted.Add(1)
 		}
 	}
 	return moved
@@ -617,6 +741,7 @@ func (gs *GPUSet) demoteBatch(g *GPU, n int) int {
 
 // Delete removes k from every GPU and the chain.
 func (gs *GPUSet) Delete(k Key) bool {
+	gs.tombstone(func(x Key) bool { return x == k })
 	found := false
 	for _, g := range gs.GPUs {
 		found = g.Slots.Delete(k) || found
@@ -626,6 +751,7 @@ func (gs *GPUSet) Delete(k Key) bool {
 
 // DeleteNS removes namespace ns from every tier.
 func (gs *GPUSet) DeleteNS(ns uint32) int {
+	gs.tombstone(func(x Key) bool { return x.NS == ns })
 	n := gs.Chain.DeleteNS(ns)
 	for _, g := range gs.GPUs {
 		n = max(n, g.Slots.DeleteNS(ns))
@@ -636,16 +762,22 @@ func (gs *GPUSet) DeleteNS(ns uint32) int {
 // GPUStats describes the GPU tier.
 type GPUStats struct {
 	Devices                             []HostStats
+	Demotions                           []uint64 // per device: blocks demoted to the host tier
 	Promoted, Demoted, Migrated, ToHost uint64
 	CopyErrors, CompactErrors           uint64
+	// Copies per direction: host → gpu (promotions), gpu → host
+	// (demotions and copies for host readers), gpu → gpu (migrations).
+	HostToGPU, GPUToHost, GPUToGPU MoveStats
 }
 
 // Stats returns the GPU tier's counters and each arena's allocator stats.
 func (gs *GPUSet) Stats() GPUStats {
 	st := GPUStats{Promoted: gs.promoted.Load(), Demoted: gs.demoted.Load(), Migrated: gs.migrated.Load(),
-		ToHost: gs.toHost.Load(), CopyErrors: gs.copyErrors.Load(), CompactErrors: gs.compactErrors.Load()}
+		ToHost: gs.toHost.Load(), CopyErrors: gs.copyErrors.Load(), CompactErrors: gs.compactErrors.Load(),
+		HostToGPU: gs.up.stats(), GPUToHost: gs.down.stats(), GPUToGPU: gs.peer.stats()}
 	for _, g := range gs.GPUs {
 		st.Devices = append(st.Devices, g.Slots.Stats())
+		st.Demotions = append(st.Demotions, g.demoted.Load())
 	}
 	return st
 }

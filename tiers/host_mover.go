@@ -163,3 +163,11 @@ func (h *Host) Present(key Key) bool {
 	_, ok := h.index[key]
 	return ok
 }
+
+// Deleted reports whether the pinned or leased block hd was deleted since
+// it was pinned.
+func (h *Host) Deleted(hd *Handle) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return hd.state == stateDeleted
+}

@@ -82,3 +82,47 @@ func TestSetWatermarks(t *testing.T) {
 		t.Errorf("no demotions counted: %+v", st)
 	}
 }
+
+// TestWatermarkRatios: the effective watermarks are the configured ones
+// times the capacity and pressure ratios, whichever changes last.
+func TestWatermarkRatios(t *testing.T) {
+	h, err := NewHost(make([]byte, 4<<20), HostConfig{SlabBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewChain(h, nil, ChainConfig{HighWatermark: 0.9, LowWatermark: 0.8,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	near := func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+	check := func(what string, high, low float64) {
+		t.Helper()
+		if hi, lo := c.Watermarks(); !near(hi, high) || !near(lo, low) {
+			t.Fatalf("%s: watermarks %v/%v, want %v/%v", what, hi, lo, high, low)
+		}
+	}
+	if err := c.SetCapacityRatio(0.5); err != nil {
+		t.Fatal(err)
+	}
+	check("capacity 0.5", 0.45, 0.4)
+	if err := c.SetPressureRatio(0.5); err != nil {
+		t.Fatal(err)
+	}
+	check("capacity 0.5, pressure 0.5", 0.225, 0.2)
+	if err := c.SetWatermarks(0.8, 0.4); err != nil {
+		t.Fatal(err)
+	}
+	check("reload under both", 0.2, 0.1)
+	if hi, lo := c.ConfiguredWatermarks(); hi != 0.8 || lo != 0.4 {
+		t.Fatalf("configured %v/%v", hi, lo)
+	}
+	for _, bad := range []float64{0, -1, 1.5} {
+		if c.SetCapacityRatio(bad) == nil || c.SetPressureRatio(bad) == nil {
+			t.Errorf("ratio %v accepted", bad)
+		}
+	}
+	c.SetPressureRatio(1)
+	c.SetCapacityRatio(1)
+	check("ratios back to 1", 0.8, 0.4)
+}

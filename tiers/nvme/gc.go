@@ -40,22 +40,24 @@ func (s *Store) maintain(ctx context.Context) {
 	defer s.passFinished()
 	s.runGC(ctx, 0.5)
 	disk := s.measure()
-	if disk <= s.softCap {
+	if softCap := s.bud.Load().softCap; disk <= softCap {
 		s.mu.Lock()
 		if s.penalty > 0 {
-			s.penalty = max(0, s.penalty-(s.softCap-disk)/4)
+			s.penalty = max(0, s.penalty-(softCap-disk)/4)
 		}
 		s.mu.Unlock()
 		return
 	}
 	s.runGC(ctx, 0.2)
-	if disk = s.measure(); disk <= s.softCap {
+	softCap := s.bud.Load().softCap
+	if disk = s.measure(); disk <= softCap {
 		return
 	}
 	s.mu.Lock()
-	s.penalty += disk - s.softCap
+	s.penalty += disk - softCap
+	limit := s.limit()
 	s.mu.Unlock()
-	s.log.Debug("nvme: over soft cap; shrinking logical limit", "disk", disk, "soft_cap", s.softCap, "limit", s.limit())
+	s.log.Debug("nvme: over soft cap; shrinking logical limit", "disk", disk, "soft_cap", softCap, "limit", limit)
 	s.evictDown()
 	s.runGC(ctx, 0.5)
 	s.measure()
@@ -100,8 +102,11 @@ func (s *Store) runGC(ctx context.Context, ratio float64) {
 			return
 		}
 		// Compaction copies before it frees: skip a segment whose live
-		// bytes would not fit under the capacity meanwhile.
-		if s.diskMeasured.Load()+s.writtenSince.Load()+c.sg.live.Load() > s.opts.CapacityBytes {
+		// bytes would not fit under the capacity meanwhile. Once the disk
+		// is over the capacity already (SetCapacity shrank it), compacting
+		// is the way back under: then it only needs the filesystem's room.
+		disk, live, capacity := s.diskMeasured.Load()+s.writtenSince.Load(), c.sg.live.Load(), s.capacity()
+		if disk+live > capacity && (disk <= capacity || live > s.fsAvail.Load()-fsReserve) {
 			continue
 		}
 		s.compact(ctx, c.sg)

@@ -46,7 +46,9 @@ type Options struct {
 	Dir string
 	// CapacityBytes is the on-disk budget. The store keeps the allocated
 	// size of Dir under it (see the package doc for the bound).
-	// Must be at least MinCapacity.
+	// Must be at least MinCapacity. Store.SetCapacity changes the budget of
+	// an open store; the segment file size (and so MaxBlockBytes) stays
+	// the one computed from CapacityBytes at Open.
 	CapacityBytes int64
 	// Logger receives warnings (corruption, move-aside) and badger's logs.
 	// Nil means slog.Default().
@@ -126,8 +128,9 @@ type Store struct {
 	segs        *segStore
 	segFileSize int64
 	maxBlock    int64
-	baseLimit   int64 // logical limit before the adaptive penalty
-	softCap     int64 // measured disk above this: GC harder, shrink the limit
+	// bud is the budget derived from the capacity: set at Open, replaced
+	// as a whole by SetCapacity, read without locks.
+	bud atomic.Pointer[budget]
 
 	// life: RLock by every operation that touches db, Lock by Close.
 	life   sync.RWMutex
@@ -151,6 +154,59 @@ type Store struct {
 	reindexBlocks   int
 	reindexDuration time.Duration
 	movedAside      string
+}
+
+// budget is what the store derives from its capacity.
+type budget struct {
+	capacity  int64 // the on-disk budget (CapacityBytes, or SetCapacity's)
+	baseLimit int64 // logical limit before the adaptive penalty
+	softCap   int64 // measured disk above this: GC harder, shrink the limit
+}
+
+// budgetFor derives the budget of capacity C with segment files of
+// segFileSize bytes.
+func budgetFor(C, segFileSize int64) *budget {
+	// Room for: the segments the lanes append to (never collected), one
+	// partly dead segment, the badger index (~100 B/block) and small files.
+	reserve := (nLanes+1)*segFileSize + C/64 + 4<<20
+	b := &budget{capacity: C, baseLimit: min(C-reserve, C*9/10), softCap: C - segFileSize/2}
+	if b.baseLimit < C/4 {
+		b.baseLimit = C / 4
+	}
+	return b
+}
+
+func (s *Store) capacity() int64 { return s.bud.Load().capacity }
+
+// SetCapacity changes the on-disk budget of the open store (a
+// configuration reload). n must be at least MinCapacity and four segment
+// files (the segment file size stays the one computed at Open, so does
+// MaxBlockBytes). The logical limit, the soft cap and the room checks of
+// Put and GC follow at once. When the budget shrinks, least recently used
+// blocks are evicted down to the new logical limit before SetCapacity
+// returns and the maintenance loop is woken to give the disk space back
+// (compacting segments, and shrinking the limit further while the measured
+// usage stays over the soft cap), so the directory goes under the new
+// budget within a few maintenance passes. Puts meanwhile may wait for room
+// (and fail with ErrNoSpace after a second) as when the store is full.
+func (s *Store) SetCapacity(n int64) error {
+	if lo := max(MinCapacity, 4*s.segFileSize); n < lo {
+		return fmt.Errorf("nvme: capacity %d below minimum %d (MinCapacity and four %d-byte segment files)", n, lo, s.segFileSize)
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	s.mu.Lock()
+	old := s.bud.Load()
+	s.bud.Store(budgetFor(n, s.segFileSize))
+	s.mu.Unlock()
+	if n < old.capacity {
+		s.evictDown()
+	}
+	s.wake()
+	s.log.Info("nvme: capacity changed", "from", old.capacity, "to", n, "logical_limit", s.Stats().LogicalLimit)
+	return nil
 }
 
 func stripeOf(k Key) int { return int((k.Hash.Lo ^ k.Hash.Hi ^ uint64(k.NS)) % nStripes) }
@@ -246,15 +302,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s.segFileSize = segFileSizeFor(opts.CapacityBytes)
 	s.maxBlock = s.segFileSize - 1<<20
-	C := opts.CapacityBytes
-	// Room for: the segments the lanes append to (never collected), one
-	// partly dead segment, the badger index (~100 B/block) and small files.
-	reserve := (nLanes+1)*s.segFileSize + C/64 + 4<<20
-	s.baseLimit = min(C-reserve, C*9/10)
-	if s.baseLimit < C/4 {
-		s.baseLimit = C / 4
-	}
-	s.softCap = C - s.segFileSize/2
+	s.bud.Store(budgetFor(opts.CapacityBytes, s.segFileSize))
 	dropOldFormat(dir, log)
 
 	db, err := s.openDB(dir)
@@ -452,8 +500,10 @@ func (s *Store) enter() error {
 
 func (s *Store) exit() { s.life.RUnlock() }
 
+// limit is the logical limit. Requires s.mu (penalty).
 func (s *Store) limit() int64 {
-	return max(s.baseLimit-s.penalty, s.opts.CapacityBytes/8)
+	b := s.bud.Load()
+	return max(b.baseLimit-s.penalty, b.capacity/8)
 }
 
 func charged(size int64) int64 { return size + blockOverhead }
@@ -649,13 +699,14 @@ func (s *Store) waitRoom(n int64) error {
 		}
 		// Headroom: badger's files (memtable WAL, tables) grow between
 		// measurements by more than the per-block charge accounts for.
-		if est+n <= s.opts.CapacityBytes-min(s.segFileSize/4, s.opts.CapacityBytes/32) {
+		capacity := s.capacity()
+		if est+n <= capacity-min(s.segFileSize/4, capacity/32) {
 			return nil
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			s.noSpace.Add(1)
-			return fmt.Errorf("%w: estimated %d + %d > %d", ErrNoSpace, est, n, s.opts.CapacityBytes)
+			return fmt.Errorf("%w: estimated %d + %d > %d", ErrNoSpace, est, n, capacity)
 		}
 		s.mu.Lock()
 		ch := s.passDone
@@ -917,7 +968,7 @@ func (s *Store) Stats() Stats {
 	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit()}
 	s.mu.Unlock()
 	st.DiskBytes = s.diskMeasured.Load()
-	st.Capacity = s.opts.CapacityBytes
+	st.Capacity = s.capacity()
 	st.Hits, st.Misses = s.hits.Load(), s.misses.Load()
 	st.ChecksumMisses = s.checksumMisses.Load()
 	st.Evictions, st.Puts, st.NoSpace = s.evictions.Load(), s.puts.Load(), s.noSpace.Load()

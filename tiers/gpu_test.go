@@ -1,0 +1,348 @@
+//go:build !cuda
+
+package tiers
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/shm"
+)
+
+// gpuRig is a GPU set on emulated devices over a host-only chain.
+type gpuRig struct {
+	gs     *GPUSet
+	c      *Chain
+	h      *Host
+	cancel context.CancelFunc
+}
+
+const (
+	gpuArena = 8 << 20
+	gpuBlock = 256 << 10
+)
+
+func newGPURig(t *testing.T, start bool) *gpuRig {
+	t.Helper()
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "2:64MiB")
+	devs, err := cudaipc.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	arena, err := unix.Mmap(-1, 0, 32<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHost(arena, HostConfig{SlabBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewChain(h, nil, ChainConfig{Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := NewGPUSet(c, arena, devs, []int64{gpuArena, gpuArena}, GPUConfig{
+		SlabBytes: 1 << 20, HighWatermark: 0.75, LowWatermark: 0.5, Workers: 2, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &gpuRig{gs: gs, c: c, h: h}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	if start {
+		c.Start(ctx)
+		gs.Start(ctx)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if start {
+			gs.Wait()
+			c.Wait()
+		}
+		gs.Close()
+		unix.Munmap(arena)
+	})
+	return r
+}
+
+// put stores k through the GPU set's reservation (device writer on gpu).
+func (r *gpuRig) put(t *testing.T, k Key, gpu int) *Host {
+	t.Helper()
+	hd, err := r.gs.Reserve(k, gpuBlock, gpu)
+	if err != nil {
+		t.Fatalf("reserve %v: %v", k, err)
+	}
+	b := blockFor(k, gpuBlock)
+	if g := r.gs.GPUOf(hd); g != nil {
+		if err := g.run(func(s cudaipc.Stream) error { return g.Dev.CopyHtoDAsync(g.ptr(hd.Offset), b, s) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Slots.Commit(hd); err != nil {
+			t.Fatal(err)
+		}
+		r.gs.Committed(g)
+		return g.Slots
+	}
+	copy(r.h.Bytes(hd), b)
+	if err := r.h.Commit(hd); err != nil {
+		t.Fatal(err)
+	}
+	return r.h
+}
+
+// read returns the bytes of the committed copy of k in tier at.
+func (r *gpuRig) read(t *testing.T, at *Host, k Key) ([]byte, bool) {
+	t.Helper()
+	hd, ok := at.Pin(k)
+	if !ok {
+		return nil, false
+	}
+	defer at.Unpin(hd, false)
+	out := make([]byte, hd.Size)
+	for _, g := range r.gs.GPUs {
+		if g.Slots == at {
+			if err := g.run(func(s cudaipc.Stream) error { return g.Dev.CopyDtoHAsync(out, g.ptr(hd.Offset), s) }); err != nil {
+				t.Fatal(err)
+			}
+			return out, true
+		}
+	}
+	copy(out, at.Bytes(hd))
+	return out, true
+}
+
+func (r *gpuRig) mustHold(t *testing.T, at *Host, k Key, where string) {
+	t.Helper()
+	b, ok := r.read(t, at, k)
+	if !ok {
+		t.Fatalf("%v not in the %s tier", k, where)
+	}
+	if !bytes.Equal(b, blockFor(k, gpuBlock)) {
+		t.Fatalf("%v: bytes differ in the %s tier", k, where)
+	}
+}
+
+// acquire leases k for a device reader on gpu, waiting for a deferred copy.
+func (r *gpuRig) acquire(t *testing.T, k Key, gpu int, device bool) (*Handle, error) {
+	t.Helper()
+	type res struct {
+		hd  *Handle
+		err error
+	}
+	ch := make(chan res, 1)
+	hd, ok := r.gs.Acquire(k, gpuBlock, gpu, device, func(hd *Handle, err error) { ch <- res{hd, err} })
+	if hd != nil {
+		return hd, nil
+	}
+	if !ok {
+		return nil, errors.New("miss")
+	}
+	select {
+	case x := <-ch:
+		return x.hd, x.err
+	case <-time.After(10 * time.Second):
+		t.Fatal("deferred acquire never completed")
+		return nil, nil
+	}
+}
+
+func TestGPUReserveCommitAcquire(t *testing.T) {
+	r := newGPURig(t, true)
+	g0 := r.gs.GPUs[0]
+	k := chainKey(1, 1)
+	if at := r.put(t, k, 0); at != g0.Slots {
+		t.Fatal("a device put with room did not land in GPU 0's arena")
+	}
+	if _, err := r.gs.Reserve(k, gpuBlock, 1); !errors.Is(err, ErrExists) {
+		t.Fatalf("second reserve on another GPU: %v, want ErrExists", err)
+	}
+	out := make([]shm.Tier, 1)
+	if hits, _ := r.gs.Lookup([]Key{k}, out); hits != 1 || out[0] != shm.TierGPU {
+		t.Fatalf("lookup: %d hits, tier %v", hits, out[0])
+	}
+	hd, err := r.acquire(t, k, 0, true)
+	if err != nil || hd.Owner() != g0.Slots {
+		t.Fatalf("acquire on GPU 0: %v (owner gpu %v)", err, hd != nil && hd.Owner() == g0.Slots)
+	}
+	g0.Slots.Release(hd)
+	r.mustHold(t, g0.Slots, k, "gpu0")
+	if st := r.gs.Stats(); st.Devices[0].Blocks != 1 || st.Devices[0].Hits != 1 {
+		t.Fatalf("gpu0 stats: %+v", st.Devices[0])
+	}
+	// A host-API reader gets a copy in the host tier (D2H); the GPU copy stays.
+	hd, err = r.acquire(t, k, -1, false)
+	if err != nil || hd.Owner() != r.h {
+		t.Fatalf("host acquire: %v", err)
+	}
+	r.h.Release(hd)
+	r.mustHold(t, r.h, k, "host")
+	r.mustHold(t, g0.Slots, k, "gpu0")
+	if st := r.gs.Stats(); st.GPUToHost.Blocks != 1 || st.GPUToHost.Bytes != gpuBlock {
+		t.Fatalf("gpu→host move stats: %+v", st.GPUToHost)
+	}
+}
+
+func TestGPUDemotionKeepsBytes(t *testing.T) {
+	r := newGPURig(t, true)
+	g0 := r.gs.GPUs[0]
+	// Fill GPU 0 past its high watermark (0.75 of 8 MiB) behind Reserve's
+	// back, so that the demoter must bring it down to the low one.
+	var keys []Key
+	for i := range uint64(28) { // 7 MiB
+		k := chainKey(2, i)
+		hd, err := g0.Slots.Reserve(k, gpuBlock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := blockFor(k, gpuBlock)
+		if err := g0.run(func(s cudaipc.Stream) error { return g0.Dev.CopyHtoDAsync(g0.ptr(hd.Offset), b, s) }); err != nil {
+			t.Fatal(err)
+		}
+		g0.Slots.Commit(hd)
+		keys = append(keys, k)
+	}
+	// A leased block is never demoted.
+	leased, ok := g0.Slots.Acquire(keys[0])
+	if !ok {
+		t.Fatal("acquire keys[0]")
+	}
+	r.gs.Committed(g0)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		used, capacity := g0.Slots.Usage()
+		if float64(used) <= 0.5*float64(capacity) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("demoter left %d of %d bytes", used, capacity)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !g0.Slots.Contains(keys[0]) {
+		t.Fatal("the leased block was demoted")
+	}
+	g0.Slots.Release(leased)
+	demoted := 0
+	for _, k := range keys {
+		switch {
+		case g0.Slots.Contains(k):
+			r.mustHold(t, g0.Slots, k, "gpu0")
+		default:
+			r.mustHold(t, r.h, k, "host")
+			demoted++
+		}
+	}
+	st := r.gs.Stats()
+	if demoted == 0 || st.Demotions[0] != uint64(demoted) || st.GPUToHost.Bytes != uint64(demoted)*gpuBlock || st.GPUToHost.Errors != 0 {
+		t.Fatalf("%d demoted; stats %+v", demoted, st)
+	}
+}
+
+func TestGPUPromotionAndMigration(t *testing.T) {
+	r := newGPURig(t, true)
+	g0, g1 := r.gs.GPUs[0], r.gs.GPUs[1]
+	k := chainKey(3, 1)
+	if at := r.put(t, k, -1); at != r.h {
+		t.Fatal("a host put landed in a GPU")
+	}
+	// Host → GPU 0 on a device read.
+	hd, err := r.acquire(t, k, 0, true)
+	if err != nil || hd.Owner() != g0.Slots {
+		t.Fatalf("promotion: %v", err)
+	}
+	g0.Slots.Release(hd)
+	r.mustHold(t, g0.Slots, k, "gpu0")
+	r.mustHold(t, r.h, k, "host")
+	// GPU 0 → GPU 1 by a peer copy; the source copy is dropped.
+	hd, err = r.acquire(t, k, 1, true)
+	if err != nil || hd.Owner() != g1.Slots {
+		t.Fatalf("migration: %v", err)
+	}
+	g1.Slots.Release(hd)
+	r.mustHold(t, g1.Slots, k, "gpu1")
+	if g0.Slots.Contains(k) {
+		t.Fatal("migration left the source copy")
+	}
+	st := r.gs.Stats()
+	if st.HostToGPU.Blocks != 1 || st.HostToGPU.Bytes != gpuBlock || st.GPUToGPU.Blocks != 1 || st.GPUToGPU.Bytes != gpuBlock {
+		t.Fatalf("move stats: up %+v peer %+v", st.HostToGPU, st.GPUToGPU)
+	}
+	// Delete removes every copy.
+	if !r.gs.Delete(k) {
+		t.Fatal("delete found nothing")
+	}
+	for i, g := range r.gs.GPUs {
+		if g.Slots.Present(k) {
+			t.Fatalf("gpu %d still holds the deleted block", i)
+		}
+	}
+	if r.h.Present(k) {
+		t.Fatal("host still holds the deleted block")
+	}
+}
+
+// A Delete that lands while a copy is in flight wins: the copy does not
+// bring the block back (demotion, promotion and migration).
+func TestGPUDeleteRacesCopy(t *testing.T) {
+	gone := func(r *gpuRig, k Key) bool {
+		for _, g := range r.gs.GPUs {
+			if g.Slots.Present(k) {
+				return false
+			}
+		}
+		return !r.h.Present(k)
+	}
+	t.Run("demotion", func(t *testing.T) {
+		r := newGPURig(t, false)
+		g0 := r.gs.GPUs[0]
+		k := chainKey(4, 1)
+		r.put(t, k, 0)
+		r.gs.copied = func(x Key) { r.gs.Delete(x) }
+		if n := r.gs.demoteBatch(g0, 8); n != 0 {
+			t.Fatalf("demoted %d", n)
+		}
+		if !gone(r, k) {
+			t.Fatal("a demotion brought the deleted block back")
+		}
+	})
+	t.Run("promotion", func(t *testing.T) {
+		r := newGPURig(t, true)
+		k := chainKey(4, 2)
+		r.put(t, k, -1)
+		r.gs.copied = func(x Key) { r.gs.Delete(x) }
+		if hd, err := r.acquire(t, k, 0, true); err == nil {
+			t.Fatalf("acquire of a block deleted during its promotion got a lease in %p", hd.Owner())
+		}
+		if !gone(r, k) {
+			t.Fatal("a promotion brought the deleted block back")
+		}
+	})
+	t.Run("migration", func(t *testing.T) {
+		r := newGPURig(t, true)
+		k := chainKey(4, 3)
+		r.put(t, k, 0)
+		r.gs.copied = func(x Key) { r.gs.Delete(x) }
+		if _, err := r.acquire(t, k, 1, true); err == nil {
+			t.Fatal("acquire of a block deleted during its migration got a lease")
+		}
+		if !gone(r, k) {
+			t.Fatal("a migration brought the deleted block back")
+		}
+	})
+	t.Run("deleteNS", func(t *testing.T) {
+		r := newGPURig(t, false)
+		k := chainKey(5, 1)
+		r.put(t, k, 0)
+		r.gs.copied = func(x Key) { r.gs.DeleteNS(x.NS) }
+		r.gs.demoteBatch(r.gs.GPUs[0], 8)
+		if !gone(r, k) {
+			t.Fatal("a demotion brought a block of a deleted namespace back")
+		}
+	})
+}
