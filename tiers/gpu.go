@@ -61,6 +61,12 @@ type GPU struct {
 	compact cudaipc.Stream
 	copiers chan *gpuCopier
 	kick    chan struct{}
+	// pressure: a reservation found the arena at its high watermark and
+	// fell back to the host tier; the demoter then runs down to the low
+	// watermark even though the arena is not above the high one (else the
+	// oldest blocks would hold the GPU forever and every new one go to the
+	// host tier).
+	pressure atomic.Bool
 }
 
 type gpuCopier struct {
@@ -96,6 +102,13 @@ func (g *GPU) kickDemoter() {
 	case g.kick <- struct{}{}:
 	default:
 	}
+}
+
+// makeRoom asks the demoter (never waiting for it) to bring the arena down
+// to its low watermark, so that later reservations find room on the GPU.
+func (g *GPU) makeRoom() {
+	g.pressure.Store(true)
+	g.kickDemoter()
 }
 
 // GPUSet is the GPU tier of every device, over the chain.
@@ -404,7 +417,10 @@ func (gs *GPUSet) Lookup(keys []Key, out []shm.Tier) (hits int, req uint64) {
 
 // Reserve reserves a slot for a new block: in GPU gpu's arena when gpu >= 0
 // and it has room, else in the host tier. A block present in any tier is
-// ErrExists. Parked blocks always go to the host tier.
+// ErrExists. Parked blocks always go to the host tier. A device reservation
+// that finds the GPU at its high watermark kicks its demoter (without
+// waiting) to move the coldest blocks to the host tier down to the low
+// watermark, so that the GPU keeps the most recent blocks.
 func (gs *GPUSet) Reserve(k Key, size int64, gpu int) (*Handle, error) {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
@@ -427,7 +443,7 @@ func (gs *GPUSet) Reserve(k Key, size int64, gpu int) (*Handle, error) {
 				return nil, err
 			}
 		}
-		g.kickDemoter()
+		g.makeRoom()
 	}
 	return gs.Chain.Reserve(k, size)
 }
@@ -553,6 +569,7 @@ func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
 	case errors.Is(err, ErrExists):
 		return g.Slots, nil // promoted meanwhile (or being put: Pin decides)
 	case err != nil:
+		g.makeRoom()     // so the next promotion finds room
 		return host, nil // no room after all: serve the host copy
 	}
 	err = g.run(func(s cudaipc.Stream) error { return g.Dev.CopyHtoDAsync(g.ptr(dst.Offset), host.Bytes(src), s) })
@@ -694,7 +711,8 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
 }
 
 // demoteLoop keeps GPU g under its high watermark by moving its coldest
-// unleased blocks to the host tier.
+// unleased blocks to the host tier; under pressure (a reservation that did
+// not fit) it demotes down to the low watermark too.
 func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -706,7 +724,7 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 		case <-t.C:
 		}
 		used, capacity := g.Slots.Usage()
-		if float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
+		if pressed := g.pressure.Swap(false); !pressed && float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
 			continue
 		}
 		for float64(used) > gs.cfg.LowWatermark*float64(capacity) && ctx.Err() == nil {

@@ -346,3 +346,94 @@ func TestGPUDeleteRacesCopy(t *testing.T) {
 		}
 	})
 }
+
+// Under a steady stream of device puts the GPU keeps the most recent blocks:
+// a reservation that finds the arena at its high watermark falls back to the
+// host tier without waiting, but kicks the demoter, which moves the coldest
+// blocks down so that later puts land on the GPU again.
+func TestGPUStreamKeepsRecentBlocks(t *testing.T) {
+	r := newGPURig(t, true)
+	g0 := r.gs.GPUs[0]
+	const n = 96 // three GPU arenas' worth
+	keys := make([]Key, n)
+	onGPU := make([]bool, n)
+	fallbacks := 0
+	for i := range keys {
+		keys[i] = chainKey(6, uint64(i))
+		t0 := time.Now()
+		at := r.put(t, keys[i], 0)
+		onGPU[i] = at == g0.Slots
+		if onGPU[i] {
+			continue
+		}
+		fallbacks++
+		if d := time.Since(t0); d > time.Second {
+			t.Fatalf("a put that fell back to the host tier took %v", d)
+		}
+		// The next put of the stream comes a little later: by then the
+		// demoter has made room on the GPU.
+		deadline := time.Now().Add(5 * time.Second)
+		for !g0.hasRoom(gpuBlock) {
+			if time.Now().After(deadline) {
+				used, capacity := g0.Slots.Usage()
+				t.Fatalf("put %d fell back to the host tier and the GPU never found room again (%d of %d bytes used)", i, used, capacity)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if fallbacks == 0 || fallbacks > n/4 {
+		t.Fatalf("%d of %d puts fell back to the host tier", fallbacks, n)
+	}
+	// Recency: every block still on the GPU is newer than every block that
+	// left it; the oldest are in the host tier, the newest on the GPU.
+	out := make([]shm.Tier, 1)
+	tier := func(k Key) shm.Tier {
+		if hits, _ := r.gs.Lookup([]Key{k}, out); hits != 1 {
+			t.Fatalf("%v: lookup missed", k)
+		}
+		return out[0]
+	}
+	newestLeft := -1
+	for i, k := range keys {
+		if onGPU[i] && !g0.Slots.Contains(k) {
+			newestLeft = i
+		}
+	}
+	for i, k := range keys {
+		if g0.Slots.Contains(k) {
+			if i < newestLeft {
+				t.Fatalf("block %d is still on the GPU but the newer block %d was demoted", i, newestLeft)
+			}
+			if tier(k) != shm.TierGPU {
+				t.Fatalf("block %d: lookup reports %v, want gpu", i, out[0])
+			}
+			r.mustHold(t, g0.Slots, k, "gpu0")
+			continue
+		}
+		if tier(k) == shm.TierGPU {
+			t.Fatalf("block %d: lookup reports gpu but GPU 0 does not hold it", i)
+		}
+		r.mustHold(t, r.h, k, "host")
+	}
+	for i := range 8 {
+		if g0.Slots.Contains(keys[i]) || tier(keys[i]) == shm.TierGPU {
+			t.Fatalf("old block %d is still on the GPU", i)
+		}
+	}
+	gpuTail := 0
+	for i := n - 8; i < n; i++ {
+		if !onGPU[i] {
+			continue // fell back: the GPU was at its high watermark then
+		}
+		if tier(keys[i]) != shm.TierGPU {
+			t.Fatalf("recent block %d: lookup reports %v, want gpu", i, out[0])
+		}
+		gpuTail++
+	}
+	if gpuTail < 7 {
+		t.Fatalf("only %d of the last 8 puts landed on the GPU", gpuTail)
+	}
+	if st := r.gs.Stats(); st.Demotions[0] == 0 || st.GPUToHost.Errors != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
