@@ -10,7 +10,7 @@ func TestFlush(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a daemon")
 	}
-	sock := opsDaemon(t, true)
+	sock := startDaemon(t, 128, true)
 	putBlocks(t, sock, 2, 5)
 
 	out := mustRun(t, "flush", "--json", "--socket", sock)
@@ -50,7 +50,7 @@ func TestFlushWithoutNVMe(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a daemon")
 	}
-	sock := opsDaemon(t, false)
+	sock := startDaemon(t, 128, false)
 	if _, err := run(t, "flush", "--socket", sock); err == nil || !strings.Contains(err.Error(), "without an NVMe tier") {
 		t.Errorf("flush without nvme: %v", err)
 	}

@@ -1,17 +1,13 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kvtier/kvtier/client"
-	"github.com/kvtier/kvtier/daemon"
 	"github.com/kvtier/kvtier/tiers/policy"
 	"github.com/kvtier/kvtier/tiers/trace"
 )
@@ -151,40 +147,6 @@ func TestReplaySimulate(t *testing.T) {
 			t.Errorf("%v succeeded", args)
 		}
 	}
-}
-
-// startDaemon runs an in-process daemon with a host tier of hostMiB (16 MiB
-// slabs) and, if nvme, a 256 MiB NVMe tier; it returns its socket.
-func startDaemon(t *testing.T, hostMiB int, nvme bool) string {
-	t.Helper()
-	dir := t.TempDir()
-	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""}
-	if !nvme {
-		args = append(args, "-no-nvme")
-	}
-	cfg, err := daemon.LoadFromArgs(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Host.SlabBytes = 16 << 20
-	cfg.Host.Capacity = daemon.ByteSize(hostMiB) << 20
-	if nvme {
-		cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 256<<20
-	}
-	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	return cfg.Socket
 }
 
 func replayJSON(t *testing.T, args ...string) replayResult {

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"math"
 	"path/filepath"
 	"strings"
@@ -14,42 +12,8 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/client"
-	"github.com/kvtier/kvtier/daemon"
 	"github.com/kvtier/kvtier/shm"
 )
-
-// opsDaemon runs an in-process daemon with a 128 MiB host tier (16 MiB
-// slabs) and, if nvme, a 256 MiB NVMe tier; it returns its socket.
-func opsDaemon(t *testing.T, nvme bool) string {
-	t.Helper()
-	dir := t.TempDir()
-	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""}
-	if !nvme {
-		args = append(args, "-no-nvme")
-	}
-	cfg, err := daemon.LoadFromArgs(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Host.SlabBytes = 16 << 20
-	if nvme {
-		cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 256<<20
-	}
-	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	return cfg.Socket
-}
 
 // putBlocks stores n distinct blocks of 64 KiB (seed tells sets apart) and
 // returns the session, still open.
@@ -205,7 +169,7 @@ func TestTopOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a daemon")
 	}
-	sock := opsDaemon(t, false)
+	sock := startDaemon(t, 128, false)
 	s := putBlocks(t, sock, 1, 4)
 
 	// Gets of the stored blocks while top samples: the interval must see
