@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
-	"os"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -17,7 +16,6 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/shm"
@@ -802,42 +800,12 @@ func printBench(w io.Writer, res *benchResult) {
 // startProgress draws a time-based bar on stderr when it is a terminal and
 // output is for humans; it returns a func that stops and clears it.
 func startProgress(cmd *cobra.Command, g *globals, o benchOpts, t0 time.Time) func() {
-	f, ok := cmd.ErrOrStderr().(*os.File)
-	if g.json || !ok || !term.IsTerminal(int(f.Fd())) {
-		return func() {}
-	}
 	total := o.warmup + o.duration
-	bar := progressbar.NewOptions64(total.Milliseconds(),
-		progressbar.OptionSetWriter(f),
-		progressbar.OptionSetDescription("warmup"),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionSetPredictTime(false),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionClearOnFinish(),
-	)
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				el := time.Since(t0)
-				if el >= o.warmup {
-					bar.Describe(o.mode)
-				}
-				bar.Set64(min(el, total).Milliseconds())
-			}
+	return startBar(cmd, g, total.Milliseconds(), "warmup", false, func(bar *progressbar.ProgressBar) {
+		el := time.Since(t0)
+		if el >= o.warmup {
+			bar.Describe(o.mode)
 		}
-	}()
-	return func() {
-		close(done)
-		<-stopped
-		bar.Finish()
-	}
+		bar.Set64(min(el, total).Milliseconds())
+	})
 }

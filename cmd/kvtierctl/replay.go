@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/shm"
@@ -804,38 +802,7 @@ func printReplay(w io.Writer, res *replayResult) {
 // startReplayProgress draws a request-count bar on stderr when it is a
 // terminal and output is for humans; it returns a func that clears it.
 func startReplayProgress(cmd *cobra.Command, g *globals, total int, done *atomic.Int64) func() {
-	f, ok := cmd.ErrOrStderr().(*os.File)
-	if g.json || !ok || !term.IsTerminal(int(f.Fd())) {
-		return func() {}
-	}
-	bar := progressbar.NewOptions(total,
-		progressbar.OptionSetWriter(f),
-		progressbar.OptionSetDescription("replay"),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionShowCount(),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionClearOnFinish(),
-	)
-	stop := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				bar.Set(int(done.Load()))
-			}
-		}
-	}()
-	return func() {
-		close(stop)
-		<-stopped
-		bar.Finish()
-	}
+	return startBar(cmd, g, int64(total), "replay", true, func(bar *progressbar.ProgressBar) {
+		bar.Set64(done.Load())
+	})
 }
