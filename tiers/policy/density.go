@@ -45,7 +45,7 @@ import (
 type Density struct {
 	capacity int
 	m        map[Key]*dEntry
-	leaves   []*dEntry
+	leaves   leafSet[*dEntry]
 	clock    uint64
 	rng      *rand.Rand
 
@@ -62,15 +62,11 @@ type Density struct {
 }
 
 type dEntry struct {
-	key      Key
-	parent   *dEntry
-	children int32
-	pins     int32
-	li       int32
-	orphan   bool
-	gone     bool
-	last     uint64
-	cls      uint16
+	key Key
+	leafNode[*dEntry]
+	pins int32
+	last uint64
+	cls  uint16
 }
 
 const (
@@ -171,22 +167,6 @@ func NewDensity(capacity int) *Density {
 
 // Name implements Policy.
 func (p *Density) Name() string { return "density" }
-
-func (p *Density) addLeaf(e *dEntry) {
-	e.li = int32(len(p.leaves))
-	p.leaves = append(p.leaves, e)
-}
-
-func (p *Density) delLeaf(e *dEntry) {
-	if e.li < 0 {
-		return
-	}
-	last := p.leaves[len(p.leaves)-1]
-	p.leaves[e.li] = last
-	last.li = e.li
-	p.leaves = p.leaves[:len(p.leaves)-1]
-	e.li = -1
-}
 
 // observe records one reference of k in the tracker and returns the
 // block's class after this reference.
@@ -290,7 +270,7 @@ func (p *Density) begin(a AccessInfo, hit bool) {
 }
 
 func (p *Density) density(e *dEntry) float64 {
-	if e.orphan || (e.parent != nil && e.parent.gone) {
+	if e.worthless() {
 		return -1
 	}
 	return p.densAt(e.cls, p.clock-e.last)
@@ -325,13 +305,8 @@ func (p *Density) Admit(k Key, a AccessInfo) bool {
 func (p *Density) pick() *dEntry {
 	var best *dEntry
 	bp, ba := 0.0, uint64(0)
-	n := len(p.leaves)
-	s := min(dSample, n)
-	for i := range s {
-		e := p.leaves[i]
-		if s < n {
-			e = p.leaves[p.rng.IntN(n)]
-		}
+	for i := range min(dSample, p.leaves.len()) {
+		e := p.leaves.sample(i, dSample, p.rng)
 		if e.pins > 0 {
 			continue
 		}
@@ -349,21 +324,21 @@ func (p *Density) Insert(k Key, a AccessInfo) {
 	if p.m[k] != nil {
 		return
 	}
-	e := &dEntry{key: k, li: -1, last: p.clock}
+	e := &dEntry{key: k, last: p.clock}
 	if t := p.tr.m[k]; t != nil {
 		e.cls = t.cls
 	}
 	p.m[k] = e
+	var par *leafNode[*dEntry]
+	orphan := false
 	if a.HasParent {
-		if par := p.m[a.Parent]; par != nil {
-			e.parent = par
-			par.children++
-			p.delLeaf(par)
+		if pe := p.m[a.Parent]; pe != nil {
+			par = &pe.leafNode
 		} else {
-			e.orphan = true
+			orphan = true
 		}
 	}
-	p.addLeaf(e)
+	p.leaves.insert(e, &e.leafNode, par, orphan)
 }
 
 // Remove implements Policy.
@@ -373,15 +348,7 @@ func (p *Density) Remove(k Key) {
 		return
 	}
 	delete(p.m, k)
-	e.gone = true
-	p.delLeaf(e)
-	if par := e.parent; par != nil && !par.gone {
-		par.children--
-		if par.children == 0 {
-			p.addLeaf(par)
-		}
-	}
-	e.parent = nil
+	p.leaves.remove(&e.leafNode)
 }
 
 // Victim implements Policy.

@@ -13,21 +13,17 @@ import "math/rand/v2"
 // to LRU on recency-driven chat (see docs/policy.md).
 type Hyper struct {
 	m      map[Key]*hyEntry
-	leaves []*hyEntry
+	leaves leafSet[*hyEntry]
 	clock  uint64
 	rng    *rand.Rand
 }
 
 type hyEntry struct {
-	key      Key
-	parent   *hyEntry
-	children int32
-	pins     int32
-	li       int32   // index in leaves; -1 when not a leaf
-	orphan   bool    // inserted without a resident parent
-	gone     bool    // removed; children may still point at it
-	n        float64 // references since insertion
-	t0       uint64  // logical insertion time
+	key Key
+	leafNode[*hyEntry]
+	pins int32
+	n    float64 // references since insertion
+	t0   uint64  // logical insertion time
 }
 
 const hyperSample = 64
@@ -40,22 +36,6 @@ func NewHyper() *Hyper {
 
 // Name implements Policy.
 func (p *Hyper) Name() string { return "hyper" }
-
-func (p *Hyper) addLeaf(e *hyEntry) {
-	e.li = int32(len(p.leaves))
-	p.leaves = append(p.leaves, e)
-}
-
-func (p *Hyper) delLeaf(e *hyEntry) {
-	if e.li < 0 {
-		return
-	}
-	last := p.leaves[len(p.leaves)-1]
-	p.leaves[e.li] = last
-	last.li = e.li
-	p.leaves = p.leaves[:len(p.leaves)-1]
-	e.li = -1
-}
 
 // Access implements Policy.
 func (p *Hyper) Access(k Key, _ AccessInfo) {
@@ -77,18 +57,18 @@ func (p *Hyper) Insert(k Key, a AccessInfo) {
 		p.Access(k, a)
 		return
 	}
-	e := &hyEntry{key: k, n: 1, t0: p.clock, li: -1}
+	e := &hyEntry{key: k, n: 1, t0: p.clock}
 	p.m[k] = e
+	var par *leafNode[*hyEntry]
+	orphan := false
 	if a.HasParent {
-		if par := p.m[a.Parent]; par != nil {
-			e.parent = par
-			par.children++
-			p.delLeaf(par)
+		if pe := p.m[a.Parent]; pe != nil {
+			par = &pe.leafNode
 		} else {
-			e.orphan = true
+			orphan = true
 		}
 	}
-	p.addLeaf(e)
+	p.leaves.insert(e, &e.leafNode, par, orphan)
 }
 
 // Remove implements Policy.
@@ -98,19 +78,11 @@ func (p *Hyper) Remove(k Key) {
 		return
 	}
 	delete(p.m, k)
-	e.gone = true
-	p.delLeaf(e)
-	if par := e.parent; par != nil && !par.gone {
-		par.children--
-		if par.children == 0 {
-			p.addLeaf(par)
-		}
-	}
-	e.parent = nil
+	p.leaves.remove(&e.leafNode)
 }
 
 func (p *Hyper) prio(e *hyEntry) float64 {
-	if e.orphan || (e.parent != nil && e.parent.gone) {
+	if e.worthless() {
 		return -1
 	}
 	return e.n / (float64(p.clock-e.t0) + 1)
@@ -120,13 +92,8 @@ func (p *Hyper) prio(e *hyEntry) float64 {
 func (p *Hyper) Victim() (Key, bool) {
 	var best *hyEntry
 	bp := 0.0
-	n := len(p.leaves)
-	s := min(hyperSample, n)
-	for i := range s {
-		e := p.leaves[i]
-		if s < n {
-			e = p.leaves[p.rng.IntN(n)]
-		}
+	for i := range min(hyperSample, p.leaves.len()) {
+		e := p.leaves.sample(i, hyperSample, p.rng)
 		if e.pins > 0 {
 			continue
 		}
