@@ -128,12 +128,20 @@ const (
 	polInsert polOp = iota
 	polAccess
 	polRemove
+	polLookup
 )
 
 type polEvent struct {
 	op polOp
 	k  policy.Key
 	a  policy.AccessInfo
+	// polLookup: the host-resident blocks of a lookup's hit prefix, sent
+	// as one event so that a long chain costs one channel send, not one
+	// per block. a carries the lookup's request number, time and chain
+	// length; pos[i] is chain[i]'s position, parent[i] its predecessor.
+	chain  []policy.Key
+	pos    []int32
+	parent []policy.Key
 }
 
 func pk(k Key) policy.Key { return policy.Key{NS: k.NS, Hi: k.Hash.Hi, Lo: k.Hash.Lo} }
@@ -260,6 +268,18 @@ func (c *Chain) apply(ev polEvent) {
 			delete(c.polKeys, ev.k)
 		}
 		delete(c.unadmittedSet, ev.k) // its queue entry is skipped later
+	case polLookup:
+		for i, k := range ev.chain {
+			if _, ok := c.polKeys[k]; !ok {
+				continue
+			}
+			a := ev.a
+			a.Pos, a.HasParent = int(ev.pos[i]), ev.pos[i] > 0
+			if a.HasParent {
+				a.Parent = ev.parent[i]
+			}
+			c.pol.Access(k, a)
+		}
 	}
 }
 
@@ -416,12 +436,22 @@ func (c *Chain) noteLookup(chain []Key, tiers []shm.Tier, hits int, req uint64) 
 	if c.NVMe == nil {
 		return
 	}
-	now := time.Now().UnixMilli()
+	ev := polEvent{op: polLookup, a: policy.AccessInfo{ChainLen: len(chain), Request: req, TimeMs: time.Now().UnixMilli()}}
+	ev.chain, ev.pos, ev.parent = make([]policy.Key, 0, hits), make([]int32, 0, hits), make([]policy.Key, 0, hits)
 	for i := 0; i < hits; i++ {
 		if tiers[i] != shm.TierHost {
 			continue
 		}
-		c.Accessed(chain[i], ChainInfo(chain, i, req, now))
+		ev.chain = append(ev.chain, pk(chain[i]))
+		ev.pos = append(ev.pos, int32(i))
+		var par policy.Key
+		if i > 0 {
+			par = pk(chain[i-1])
+		}
+		ev.parent = append(ev.parent, par)
+	}
+	if len(ev.chain) > 0 {
+		c.note(ev)
 	}
 }
 
