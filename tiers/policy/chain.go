@@ -2,7 +2,7 @@ package policy
 
 import "container/heap"
 
-// Chain is kvtier's default policy: least-recently-used eviction restricted
+// Chain is least-recently-used eviction restricted
 // to the leaves of the prefix tree formed by the resident blocks, plus
 // refusal of orphans.
 //
@@ -51,7 +51,7 @@ type chainEntry struct {
 	last     uint64 // logical time of the last reference
 }
 
-// NewChain returns the default policy. capacity is accepted for symmetry
+// NewChain returns the policy. capacity is accepted for symmetry
 // with the other constructors; Chain has no size-dependent parameter.
 func NewChain(capacity int) *Chain {
 	_ = capacity

@@ -203,6 +203,16 @@ func TestSweep(t *testing.T) {
 			}
 			sb.WriteString("\n")
 		}
+		sb.WriteString("| reuse oracle (offline) |")
+		for i, n := range c.sizes {
+			h := c.w.Simulate(n, NewReuseOracle(c.w, 0)).HitRatio()
+			if g := gapFrac(h, lru[i], bel[i]); math.IsNaN(g) {
+				fmt.Fprintf(&sb, " %.3f (—) |", h)
+			} else {
+				fmt.Fprintf(&sb, " %.3f (%+.0f%%) |", h, 100*g)
+			}
+		}
+		sb.WriteString("\n")
 		sb.WriteString("| belady |")
 		for i := range c.sizes {
 			fmt.Fprintf(&sb, " %.3f |", bel[i])
