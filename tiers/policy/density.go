@@ -58,6 +58,11 @@ type Density struct {
 	curReq  uint64
 	reqSeen bool
 	reqHit  bool // the request's head block was resident
+
+	// reclass, when set (simulator experiments only), replaces the class of
+	// each reference, in reference order: it measures how good a class
+	// predictor would have to be (TestPredictorQualityNeeded).
+	reclass func(uint16) uint16
 }
 
 type dEntry struct {
@@ -191,6 +196,9 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 	}
 	e.last = p.clock
 	e.cls = classOf(e.refs, p.reqHit, a.ChainLen)
+	if p.reclass != nil {
+		e.cls = p.reclass(e.cls)
+	}
 	t.pushFront(e)
 	if p.clock >= p.nextConf {
 		p.reconfigure()

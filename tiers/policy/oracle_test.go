@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvtier/kvtier/tiers/trace"
@@ -42,6 +43,41 @@ func TestReuseOracleBound(t *testing.T) {
 		t.Logf("N=%d: LRU %.4f, reuse oracle %.4f (%.1f%% of the gap), Belady %.4f", n, lru, or, 100*gapFrac(or, lru, bel), bel)
 		if or < chain || or > bel {
 			t.Errorf("N=%d: reuse oracle %.4f outside [chain %.4f, Belady %.4f]", n, or, chain, bel)
+		}
+	}
+}
+
+// TestPredictorQualityNeeded feeds Density a dead/live class that is right
+// with probability q (q = 1: the truth) instead of its own classes, to
+// measure how accurate a reuse predictor must be to close a given share of
+// the gap (docs/policy.md). Diagnostic: run with -sweep.
+func TestPredictorQualityNeeded(t *testing.T) {
+	if !*sweep {
+		t.Skip("pass -sweep to measure")
+	}
+	w := Compile(devTrace(t))
+	for _, n := range []int{2000, 10000} {
+		lru := w.Simulate(n, NewLRU()).HitRatio()
+		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
+		own := w.Simulate(n, NewDensity(n)).HitRatio()
+		t.Logf("N=%d: density with its own classes %.4f (%.1f%% of the gap)", n, own, 100*gapFrac(own, lru, bel))
+		for _, q := range []float64{0.7, 0.8, 0.85, 0.9, 0.95, 1} {
+			p := NewDensity(n)
+			cur := 0
+			r := rand.New(rand.NewPCG(1, 2))
+			p.reclass = func(uint16) uint16 {
+				dead := w.next[cur] == noNext
+				cur++
+				if r.Float64() >= q {
+					dead = !dead
+				}
+				if dead {
+					return 0
+				}
+				return 1
+			}
+			got := w.Simulate(n, p).HitRatio()
+			t.Logf("N=%d: predictor right with p=%.2f: %.4f (%.1f%% of the gap)", n, q, got, 100*gapFrac(got, lru, bel))
 		}
 	}
 }
