@@ -21,7 +21,7 @@ import (
 	"github.com/kvtier/kvtier/ebpf"
 )
 
-// requireBPF skips unless eBPF programs can load here (root, BTF, tracefs).
+// requireBPF skips unless eBPF programs can load here (root, kernel BTF).
 func requireBPF(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -197,13 +197,12 @@ func TestClientExit(t *testing.T) {
 	})
 }
 
-// TestEBPFUnavailable: with tracefs or BTF missing the daemon starts, logs
-// one line per program, exports kvtier_ebpf_enabled 0 and still frees a
-// dead client's slots at EOF.
+// TestEBPFUnavailable: with BTF missing the daemon starts, logs one line
+// per program, exports kvtier_ebpf_enabled 0 and still frees a dead
+// client's slots at EOF.
 func TestEBPFUnavailable(t *testing.T) {
 	for name, env := range map[string]ebpf.Env{
-		"no tracefs": {Tracefs: []string{filepath.Join(t.TempDir(), "tracing")}},
-		"no BTF":     {BTF: filepath.Join(t.TempDir(), "vmlinux")},
+		"no BTF": {BTF: filepath.Join(t.TempDir(), "vmlinux")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ebpfEnv = env
