@@ -25,7 +25,7 @@ import (
 //   - nvme_io: no latency histogram of the NVMe tier's disk;
 //   - vmscan: the memory pressure controller reads PSI instead.
 
-// ebpfEnv is where the probes look for BTF and tracefs (tests point it at
+// ebpfEnv is where the probes look for the kernel's BTF (tests point it at
 // missing paths to force the fallbacks).
 var ebpfEnv ebpf.Env
 

@@ -19,9 +19,10 @@ import (
 
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/ebpf"
+	"github.com/kvtier/kvtier/internal/bpfcaps"
 )
 
-// requireBPF skips unless eBPF programs can load here (root, BTF, tracefs).
+// requireBPF skips unless eBPF programs can load here (root, kernel BTF).
 func requireBPF(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -197,13 +198,12 @@ func TestClientExit(t *testing.T) {
 	})
 }
 
-// TestEBPFUnavailable: with tracefs or BTF missing the daemon starts, logs
-// one line per program, exports kvtier_ebpf_enabled 0 and still frees a
-// dead client's slots at EOF.
+// TestEBPFUnavailable: with BTF missing the daemon starts, logs one line
+// per program, exports kvtier_ebpf_enabled 0 and still frees a dead
+// client's slots at EOF.
 func TestEBPFUnavailable(t *testing.T) {
 	for name, env := range map[string]ebpf.Env{
-		"no tracefs": {Tracefs: []string{filepath.Join(t.TempDir(), "tracing")}},
-		"no BTF":     {BTF: filepath.Join(t.TempDir(), "vmlinux")},
+		"no BTF": {BTF: filepath.Join(t.TempDir(), "vmlinux")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ebpfEnv = env
@@ -236,20 +236,36 @@ func TestEBPFUnavailable(t *testing.T) {
 	}
 }
 
-const noCapsHelperEnv = "KVTIER_TEST_NOCAPS"
+const (
+	stateHelperEnv = "KVTIER_TEST_EBPF_STATE" // the helper's mode:
+	stateNoCaps    = "nocaps"                 // no capability at all
+	stateBPFCaps   = "bpfcaps"                // uid 65534 with CAP_BPF+CAP_PERFMON only
+)
 
-// TestNoCapsHelper is not a test: it is the child of TestEBPFWithoutCaps,
-// run in a new user namespace (no capability in the initial one, so no
-// CAP_BPF/CAP_PERFMON). It starts a daemon and prints its eBPF state and
-// log.
-func TestNoCapsHelper(t *testing.T) {
-	if os.Getenv(noCapsHelperEnv) == "" {
-		t.Skip("helper process of TestEBPFWithoutCaps")
+// TestEBPFStateHelper is not a test: it is the child of
+// TestEBPFWithoutCaps (run in a new user namespace: no capability in the
+// initial one, so no CAP_BPF/CAP_PERFMON) and of TestEBPFUnprivileged (uid
+// 65534 with only CAP_BPF and CAP_PERFMON, as under the systemd unit). It
+// starts a daemon and prints its eBPF state and log; in the second case,
+// with the NVMe tier on, and the outcome of a client's kill -9 while its
+// child holds the socket.
+func TestEBPFStateHelper(t *testing.T) {
+	mode := os.Getenv(stateHelperEnv)
+	if mode == "" {
+		t.Skip("helper process of TestEBPFWithoutCaps and TestEBPFUnprivileged")
 	}
 	cfg := testConfig(t)
+	if mode == stateBPFCaps {
+		bpfcaps.Verify(t)
+		cfg.NVMe.Enabled, cfg.NVMe.Capacity, cfg.NVMe.FlushOnStop = true, 256*MiB, false
+	}
 	var buf syncBuffer
 	r := startDaemon(t, cfg, slog.New(slog.NewTextHandler(&buf, nil)))
 	st := r.d.Stats()
+	if mode == stateBPFCaps && st.EBPF[ebpf.ProgExit] {
+		dt, _, ok := runExitScenario(t, r.d, 5*time.Second)
+		fmt.Printf("EXIT freed=%v after %v\n", ok, dt)
+	}
 	r.stop(t)
 	fmt.Printf("ENABLED %v\n", st.EBPF)
 	fmt.Print(buf.String())
@@ -260,8 +276,8 @@ func TestNoCapsHelper(t *testing.T) {
 // per program with the missing capability, and reports every program off.
 func TestEBPFWithoutCaps(t *testing.T) {
 	requireBPF(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNoCapsHelper$", "-test.v=false")
-	cmd.Env = append(os.Environ(), noCapsHelperEnv+"=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestEBPFStateHelper$", "-test.v=false")
+	cmd.Env = append(os.Environ(), stateHelperEnv+"="+stateNoCaps)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
 		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
@@ -289,6 +305,46 @@ func TestEBPFWithoutCaps(t *testing.T) {
 	for _, l := range strings.Split(s, "\n") {
 		if strings.Contains(l, "fallback=") {
 			t.Log(l)
+		}
+	}
+}
+
+// TestEBPFUnprivileged runs a daemon as the systemd unit does: uid 65534
+// with only CAP_BPF and CAP_PERFMON (a child of the test binary), where
+// tracefs cannot be read. Every probe loads (nvme_io only where the state
+// dir is on a disk), and a killed client's slots are freed by the exit
+// probe while its child still holds the socket.
+func TestEBPFUnprivileged(t *testing.T) {
+	requireBPF(t)
+	cmd := bpfcaps.Command(t, "-test.run=^TestEBPFStateHelper$", "-test.v=false", "-test.count=1")
+	cmd.Env = append(cmd.Env, stateHelperEnv+"="+stateBPFCaps)
+	out, err := bpfcaps.CombinedOutput(t, cmd)
+	s := string(out)
+	if err != nil {
+		t.Fatalf("daemon as uid %d with CAP_BPF+CAP_PERFMON: %v\n%s", bpfcaps.UID, err, s)
+	}
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, "ENABLED") || strings.HasPrefix(l, "EXIT") || strings.Contains(l, "ebpf") {
+			t.Log(l)
+		}
+	}
+	want := "ENABLED map[exit:true nvme_io:true vmscan:true]"
+	if !strings.Contains(s, want) {
+		// A state dir on tmpfs has no disk to watch: nvme_io may only be
+		// off for that reason.
+		noDisk := strings.Contains(s, "ENABLED map[exit:true nvme_io:false vmscan:true]") &&
+			strings.Contains(s, "not a block device")
+		if !noDisk {
+			t.Fatalf("eBPF state as uid %d with CAP_BPF+CAP_PERFMON, want %q:\n%s", bpfcaps.UID, want, s)
+		}
+		t.Log("nvme_io off: the state dir is not on a block device")
+	}
+	if !strings.Contains(s, "EXIT freed=true") {
+		t.Errorf("a killed client's slots were not freed by the exit probe:\n%s", s)
+	}
+	for _, prog := range []string{ebpf.ProgExit, ebpf.ProgVmscan} {
+		if strings.Contains(s, "program="+prog+" fallback=") {
+			t.Errorf("%s fell back:\n%s", prog, s)
 		}
 	}
 }

@@ -1,16 +1,16 @@
 // Package ebpf holds kvtierd's eBPF programs and their loaders, built on
 // github.com/cilium/ebpf:
 //
-//   - ExitTracer (sched/sched_process_exit): reports the death of a
+//   - ExitTracer (sched_process_exit): reports the death of a
 //     connected client's process, filtered in the kernel by a map of the
 //     clients' tgids, through a ring buffer. The daemon stops that pid's
 //     sessions at once, even when a forked child still holds the socket
 //     (whose EOF stays the fallback).
-//   - IOLatency (block/block_rq_issue, block/block_rq_complete): a log2
+//   - IOLatency (block_rq_issue, block_rq_complete): a log2
 //     histogram per operation of the I/O latency of the disk behind the
 //     NVMe tier, aggregated in the kernel and exported by IOCollector as
 //     kvtier_nvme_io_latency_seconds{op}.
-//   - ReclaimProbe (vmscan/mm_vmscan_direct_reclaim_begin/end): direct
+//   - ReclaimProbe (mm_vmscan_direct_reclaim_begin/end): direct
 //     reclaim stalls and their total duration, the host memory pressure
 //     signal; PSI (/proc/pressure/memory) is the fallback. Controller turns
 //     either into a target ratio for the host tier's watermarks.
@@ -25,8 +25,13 @@
 // this package starts a goroutine except Controller.Run, which returns when
 // its context ends.
 //
-// Loading needs CAP_BPF and CAP_PERFMON (or root), the kernel's BTF and a
-// mounted tracefs. Each loader fails with an error that wraps ErrUnavailable
-// and says which is missing; Probe checks the environment once so that the
-// daemon can log one line per missing feature and use its fallbacks.
+// Every program is a BTF-enabled raw tracepoint (SEC("tp_btf/..."),
+// attached with link.AttachTracing by the tracepoint's BTF id), not a
+// classic tracepoint: those need their event ids from tracefs, which only
+// root may read, so they would fail under the systemd unit's unprivileged
+// user. Loading needs CAP_BPF and CAP_PERFMON (or root) and the kernel's
+// BTF (CONFIG_DEBUG_INFO_BTF), on Linux 5.8 or later (CAP_BPF; tp_btf
+// itself is 5.5); tracefs is not needed. Each loader fails with an error
+// that wraps ErrUnavailable and says what is missing, so that the daemon
+// can log one line per program and use its fallback.
 package ebpf

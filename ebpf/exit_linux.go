@@ -56,7 +56,7 @@ func OpenExitTracer(env Env) (*ExitTracer, error) {
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		return nil, classify("load exit program", err)
 	}
-	if t.tp, err = attach("sched", "sched_process_exit", t.objs.HandleExit); err != nil {
+	if t.tp, err = attach("sched_process_exit", t.objs.HandleExit); err != nil {
 		t.objs.Close()
 		return nil, err
 	}

@@ -6,9 +6,8 @@ import (
 	"testing"
 )
 
-// requireBPF skips unless the tracepoint programs can load here: root (for
-// CAP_BPF/CAP_PERFMON), kernel BTF and a mounted tracefs. CI runs the
-// tests as root and mounts tracefs first.
+// requireBPF skips unless the programs can load here: root (for
+// CAP_BPF/CAP_PERFMON) and kernel BTF. CI runs the tests as root.
 func requireBPF(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
@@ -31,17 +32,21 @@ func classify(what string, err error) error {
 		return nil
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
 		return fmt.Errorf("%w: %s: missing CAP_BPF/CAP_PERFMON (run as root or grant them): %v", ErrUnavailable, what, err)
-	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL):
+	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, btf.ErrNotFound),
+		errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL):
 		return fmt.Errorf("%w: %s: not supported by this kernel: %v", ErrUnavailable, what, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// attach links prog to the tracepoint group/name.
-func attach(group, name string, prog *ebpf.Program) (link.Link, error) {
-	l, err := link.Tracepoint(group, name, prog, nil)
+// attach links prog to the BTF-enabled raw tracepoint its tp_btf section
+// names (resolved by BTF id at load). Unlike link.Tracepoint this needs no
+// tracefs, whose event ids only root may read: CAP_BPF and CAP_PERFMON are
+// enough.
+func attach(name string, prog *ebpf.Program) (link.Link, error) {
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: ebpf.AttachTraceRawTp})
 	if err != nil {
-		return nil, classify("attach tracepoint "+group+"/"+name, err)
+		return nil, classify("attach tp_btf/"+name, err)
 	}
 	return l, nil
 }

@@ -35,6 +35,7 @@ const (
 	nvmeioMapStart           = "start"
 	nvmeioProgHandleComplete = "handle_complete"
 	nvmeioProgHandleIssue    = "handle_issue"
+	nvmeioVarIssueHasQueue   = "issue_has_queue"
 	nvmeioVarTargetDev       = "target_dev"
 )
 
@@ -96,7 +97,8 @@ type nvmeioMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nvmeioVariableSpecs struct {
-	TargetDev *ebpf.VariableSpec `ebpf:"target_dev"`
+	IssueHasQueue *ebpf.VariableSpec `ebpf:"issue_has_queue"`
+	TargetDev     *ebpf.VariableSpec `ebpf:"target_dev"`
 }
 
 // nvmeioObjects contains all objects after they have been loaded into the kernel.
@@ -134,7 +136,8 @@ func (m *nvmeioMaps) Close() error {
 //
 // It can be passed to loadNvmeioObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nvmeioVariables struct {
-	TargetDev *ebpf.Variable `ebpf:"target_dev"`
+	IssueHasQueue *ebpf.Variable `ebpf:"issue_has_queue"`
+	TargetDev     *ebpf.Variable `ebpf:"target_dev"`
 }
 
 // nvmeioPrograms contains all programs after they have been loaded into the kernel.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
@@ -95,19 +96,58 @@ func OpenIOLatency(env Env, dev Device) (*IOLatency, error) {
 	if err := spec.Variables[nvmeioVarTargetDev].Set(dev.kernelDev()); err != nil {
 		return nil, err
 	}
+	hasQueue, err := issueHasQueue()
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[nvmeioVarIssueHasQueue].Set(hasQueue); err != nil {
+		return nil, err
+	}
 	l := &IOLatency{Device: dev}
 	if err := spec.LoadAndAssign(&l.objs, nil); err != nil {
 		return nil, classify("load nvme_io programs", err)
 	}
-	if l.issue, err = attach("block", "block_rq_issue", l.objs.HandleIssue); err != nil {
+	if l.issue, err = attach("block_rq_issue", l.objs.HandleIssue); err != nil {
 		l.objs.Close()
 		return nil, err
 	}
-	if l.done, err = attach("block", "block_rq_complete", l.objs.HandleComplete); err != nil {
+	if l.done, err = attach("block_rq_complete", l.objs.HandleComplete); err != nil {
 		closeAll(l.issue, &l.objs)
 		return nil, err
 	}
 	return l, nil
+}
+
+// issueHasQueue reports whether the kernel's block_rq_issue tracepoint
+// takes the request queue before the request (TP_PROTO(q, rq), before
+// 5.11) rather than the request alone: the program reads the request from
+// the argument slot the kernel's BTF says.
+func issueHasQueue() (bool, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false, classify("load kernel BTF", err)
+	}
+	const name = "btf_trace_block_rq_issue"
+	var td *btf.Typedef
+	if err := spec.TypeByName(name, &td); err != nil {
+		return false, classify("find "+name+" in kernel BTF", err)
+	}
+	ptr, ok := td.Type.(*btf.Pointer)
+	var proto *btf.FuncProto
+	if ok {
+		proto, ok = ptr.Target.(*btf.FuncProto)
+	}
+	if !ok {
+		return false, fmt.Errorf("%w: %s is %v, not a function pointer", ErrUnavailable, name, td.Type)
+	}
+	// The first parameter is the tracepoint's data pointer, then TP_PROTO's.
+	switch len(proto.Params) {
+	case 2:
+		return false, nil
+	case 3:
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: %s takes %d arguments, want (data, rq) or (data, q, rq)", ErrUnavailable, name, len(proto.Params))
 }
 
 // Read copies the histogram of op (OpRead, OpWrite) out of the kernel.

@@ -14,7 +14,7 @@ type ReclaimStats struct {
 	StallTime time.Duration
 }
 
-// ReclaimProbe counts direct-reclaim stalls (vmscan tracepoints).
+// ReclaimProbe counts direct-reclaim stalls (vmscan raw tracepoints).
 type ReclaimProbe struct {
 	objs       vmscanObjects
 	begin, end link.Link
@@ -30,11 +30,11 @@ func OpenReclaimProbe(env Env) (*ReclaimProbe, error) {
 		return nil, classify("load vmscan programs", err)
 	}
 	var err error
-	if p.begin, err = attach("vmscan", "mm_vmscan_direct_reclaim_begin", p.objs.HandleReclaimBegin); err != nil {
+	if p.begin, err = attach("mm_vmscan_direct_reclaim_begin", p.objs.HandleReclaimBegin); err != nil {
 		p.objs.Close()
 		return nil, err
 	}
-	if p.end, err = attach("vmscan", "mm_vmscan_direct_reclaim_end", p.objs.HandleReclaimEnd); err != nil {
+	if p.end, err = attach("mm_vmscan_direct_reclaim_end", p.objs.HandleReclaimEnd); err != nil {
 		closeAll(p.begin, &p.objs)
 		return nil, err
 	}

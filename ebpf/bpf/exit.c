@@ -6,6 +6,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -34,8 +35,11 @@ struct {
 	__type(value, struct exit_event);
 } exits SEC(".maps");
 
-SEC("tracepoint/sched/sched_process_exit")
-int handle_exit(void *ctx)
+// A BTF-enabled raw tracepoint (5.5+): attached by BTF id with CAP_BPF and
+// CAP_PERFMON alone, where a classic tracepoint needs its id from tracefs
+// (root only). The tracepoint fires in do_exit, so p is the current task.
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(handle_exit, struct task_struct *p)
 {
 	__u32 tgid, pid;
 	if (pidns_ino) {
@@ -54,8 +58,7 @@ int handle_exit(void *ctx)
 	// Every thread of the group passes here; the group is dead when the
 	// last one has dropped signal->live (do_exit decrements it before
 	// this tracepoint).
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+	if (BPF_CORE_READ(p, signal, live.counter) != 0)
 		return 0;
 	struct exit_event *e = bpf_ringbuf_reserve(&exits, sizeof(*e), 0);
 	if (!e)

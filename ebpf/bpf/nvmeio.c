@@ -5,12 +5,18 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 // The device as the block layer reports it (kernel dev_t: major<<20|minor),
 // set by the loader.
 volatile const __u32 target_dev = 0;
+
+// Whether block_rq_issue still takes the request queue before the request
+// (TP_PROTO(q, rq) until 5.11, (rq) since); set by the loader from the
+// kernel's BTF. The verifier prunes the branch not taken.
+volatile const bool issue_has_queue = false;
 
 #define NSLOTS 64
 
@@ -40,20 +46,36 @@ struct {
 	__type(value, struct hist);
 } hists SEC(".maps");
 
-static __always_inline int op_of(const char *rwbs)
+#define REQ_OP_MASK 0xff
+#define REQ_OP_READ 0
+#define REQ_OP_WRITE 1
+
+// op_of is what the classic tracepoint's rwbs string said ('R' or 'W',
+// after an optional 'F' for a preflush): 0 read, 1 write, -1 anything else.
+static __always_inline int op_of(struct request *rq)
 {
-	// rwbs: an optional 'F' (preflush), then R, W, D (discard), E or N.
-	#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		char c = rwbs[i];
-		if (c == 'R')
-			return 0;
-		if (c == 'W')
-			return 1;
-		if (c != 'F')
-			return -1;
+	switch (BPF_CORE_READ(rq, cmd_flags) & REQ_OP_MASK) {
+	case REQ_OP_READ:
+		return 0;
+	case REQ_OP_WRITE:
+		return 1;
 	}
 	return -1;
+}
+
+// dev_of is the tracepoints' dev field: the request's whole disk as a
+// kernel dev_t (MKDEV(major, first_minor)), 0 without a disk.
+static __always_inline __u32 dev_of(struct request *rq)
+{
+	struct request___old *old = (void *)rq;
+	struct gendisk *disk;
+	if (bpf_core_field_exists(old->rq_disk))
+		disk = BPF_CORE_READ(old, rq_disk);
+	else
+		disk = BPF_CORE_READ(rq, q, disk);
+	if (!disk)
+		return 0;
+	return (__u32)BPF_CORE_READ(disk, major) << 20 | (__u32)BPF_CORE_READ(disk, first_minor);
 }
 
 static __always_inline __u32 log2_u64(__u64 v)
@@ -69,31 +91,44 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
-SEC("tracepoint/block/block_rq_issue")
-int handle_issue(struct trace_event_raw_block_rq *ctx)
+// BTF-enabled raw tracepoints (5.5+): attached by BTF id with CAP_BPF and
+// CAP_PERFMON alone, where classic tracepoints need their ids from tracefs
+// (root only). They get the struct request the classic ones format from.
+SEC("tp_btf/block_rq_issue")
+int handle_issue(__u64 *ctx)
 {
-	if (BPF_CORE_READ(ctx, dev) != target_dev)
+	// Each branch loads a fixed context slot: the barrier keeps clang from
+	// merging them into one load at ctx + 8*issue_has_queue, a variable
+	// context offset the verifier rejects.
+	struct request *rq;
+	if (issue_has_queue) {
+		rq = (struct request *)ctx[1];
+		barrier_var(rq);
+	} else {
+		rq = (struct request *)ctx[0];
+		barrier_var(rq);
+	}
+	if (dev_of(rq) != target_dev)
 		return 0;
-	struct rq_key k = {.sector = BPF_CORE_READ(ctx, sector), .dev = target_dev};
+	// Every op is timed; complete counts reads and writes only.
+	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = target_dev};
 	__u64 ts = bpf_ktime_get_ns();
 	bpf_map_update_elem(&start, &k, &ts, BPF_ANY);
 	return 0;
 }
 
-SEC("tracepoint/block/block_rq_complete")
-int handle_complete(struct trace_event_raw_block_rq_completion *ctx)
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(handle_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
 {
-	if (BPF_CORE_READ(ctx, dev) != target_dev)
+	if (dev_of(rq) != target_dev)
 		return 0;
-	struct rq_key k = {.sector = BPF_CORE_READ(ctx, sector), .dev = target_dev};
+	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = target_dev};
 	__u64 *tsp = bpf_map_lookup_elem(&start, &k);
 	if (!tsp)
 		return 0;
 	__u64 delta = bpf_ktime_get_ns() - *tsp;
 	bpf_map_delete_elem(&start, &k);
-	char rwbs[4] = {};
-	bpf_core_read(&rwbs, sizeof(rwbs), &ctx->rwbs);
-	int op = op_of(rwbs);
+	int op = op_of(rq);
 	if (op < 0)
 		return 0;
 	__u32 key = op;

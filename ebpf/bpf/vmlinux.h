@@ -34,6 +34,7 @@ typedef int pid_t;
 typedef __u32 __kernel_dev_t;
 typedef __kernel_dev_t dev_t;
 typedef u64 sector_t;
+typedef u8 blk_status_t;
 
 enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
@@ -69,47 +70,25 @@ struct task_struct {
 	struct signal_struct *signal;
 };
 
-struct trace_entry {
-	short unsigned int type;
-	unsigned char flags;
-	unsigned char preempt_count;
-	int pid;
+struct gendisk {
+	int major;
+	int first_minor;
 };
 
-struct trace_event_raw_block_rq {
-	struct trace_entry ent;
-	dev_t dev;
-	sector_t sector;
-	unsigned int nr_sector;
-	unsigned int bytes;
-	char rwbs[10];
-	char comm[16];
-	u32 __data_loc_cmd;
-	char __data[0];
+struct request_queue {
+	struct gendisk *disk; // since 5.15
 };
 
-struct trace_event_raw_block_rq_completion {
-	struct trace_entry ent;
-	dev_t dev;
-	sector_t sector;
-	unsigned int nr_sector;
-	int error;
-	char rwbs[10];
-	u32 __data_loc_cmd;
-	char __data[0];
+struct request {
+	struct request_queue *q;
+	unsigned int cmd_flags; // blk_opf_t since 6.0: op in the low 8 bits
+	sector_t __sector;
 };
 
-struct trace_event_raw_mm_vmscan_direct_reclaim_begin_template {
-	struct trace_entry ent;
-	int order;
-	long unsigned int gfp_flags;
-	char __data[0];
-};
-
-struct trace_event_raw_mm_vmscan_direct_reclaim_end_template {
-	struct trace_entry ent;
-	long unsigned int nr_reclaimed;
-	char __data[0];
+// struct request before 5.17, which named its disk itself (request_queue
+// had no disk pointer before 5.15).
+struct request___old {
+	struct gendisk *rq_disk;
 };
 
 #pragma clang attribute pop

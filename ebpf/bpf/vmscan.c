@@ -4,6 +4,7 @@
 // total duration.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -26,8 +27,10 @@ struct {
 	__type(value, struct reclaim_stats);
 } reclaim SEC(".maps");
 
-SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_begin")
-int handle_reclaim_begin(void *ctx)
+// BTF-enabled raw tracepoints (5.5+): attached by BTF id, no tracefs.
+// Their arguments (order, gfp_flags; nr_reclaimed) are not needed.
+SEC("tp_btf/mm_vmscan_direct_reclaim_begin")
+int BPF_PROG(handle_reclaim_begin)
 {
 	__u32 pid = (__u32)bpf_get_current_pid_tgid();
 	__u64 ts = bpf_ktime_get_ns();
@@ -35,8 +38,8 @@ int handle_reclaim_begin(void *ctx)
 	return 0;
 }
 
-SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_end")
-int handle_reclaim_end(void *ctx)
+SEC("tp_btf/mm_vmscan_direct_reclaim_end")
+int BPF_PROG(handle_reclaim_end)
 {
 	__u32 pid = (__u32)bpf_get_current_pid_tgid();
 	__u64 *tsp = bpf_map_lookup_elem(&reclaim_start, &pid);
