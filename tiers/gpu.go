@@ -58,6 +58,11 @@ type GPU struct {
 
 	set     *GPUSet
 	demoted atomic.Uint64 // blocks demoted from this GPU to the host tier
+	// fallbacks counts device reads of host blocks served from the host
+	// tier because this arena had no room for their promotion.
+	fallbacks atomic.Uint64
+	// passes counts the demoter's passes (tests wait on it).
+	passes  atomic.Uint64
 	compact cudaipc.Stream
 	copiers chan *gpuCopier
 	kick    chan struct{}
@@ -484,9 +489,12 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 		}
 		if j := gs.holder(k, gpu); j >= 0 {
 			src := gs.GPUs[j]
-			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer && g.hasRoom(size) {
-				gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.migrate(src, g, k, size) })
-				return nil, true
+			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer {
+				if g.hasRoom(size) {
+					gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.migrate(src, g, k, size) })
+					return nil, true
+				}
+				g.makeRoom() // so that the next read migrates
 			}
 			if hd, ok := host.Acquire(k); ok {
 				return hd, true
@@ -494,9 +502,19 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			gs.startMove(k, host, done, func() (*Host, error) { return host, gs.copyToHost(src, k, size) })
 			return nil, true
 		}
-		if host.Contains(k) && g.hasRoom(size) {
-			gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.promote(g, k, size) })
-			return nil, true
+		if host.Contains(k) {
+			if g.hasRoom(size) {
+				gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.promote(g, k, size) })
+				return nil, true
+			}
+			// The arena is full: serve the host copy now (an H2D read
+			// costs the reader no more than the promotion would) and
+			// kick the demoter, which moves the coldest unleased GPU
+			// blocks down so that the next device read promotes.
+			// Waiting for it instead would hold this reader behind
+			// demotion copies.
+			g.fallbacks.Add(1)
+			g.makeRoom()
 		}
 		return gs.Chain.Acquire(k, size, done)
 	}
@@ -569,6 +587,7 @@ func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
 	case errors.Is(err, ErrExists):
 		return g.Slots, nil // promoted meanwhile (or being put: Pin decides)
 	case err != nil:
+		g.fallbacks.Add(1)
 		g.makeRoom()     // so the next promotion finds room
 		return host, nil // no room after all: serve the host copy
 	}
@@ -724,25 +743,34 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 		case <-t.C:
 		}
 		used, capacity := g.Slots.Usage()
-		if pressed := g.pressure.Swap(false); !pressed && float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
+		pressed := g.pressure.Swap(false)
+		if !pressed && float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
 			continue
 		}
 		for float64(used) > gs.cfg.LowWatermark*float64(capacity) && ctx.Err() == nil {
-			if gs.demoteBatch(g, 8) == 0 {
+			moved, failed := gs.demoteBatch(g, 8)
+			if moved == 0 {
+				// The rest is leased (never moved) or failed to copy.
+				// Room was asked for and leases end: try again at the
+				// next tick, unless copies fail (no retry storm).
+				if failed == 0 && pressed {
+					g.pressure.Store(true)
+				}
 				break
 			}
 			used, _ = g.Slots.Usage()
 		}
+		g.passes.Add(1)
 	}
 }
 
-// DemoteBatch moves up to n of GPU g's coldest unleased blocks to the host
-// tier and returns how many left the GPU.
-func (gs *GPUSet) demoteBatch(g *GPU, n int) int {
-	moved := 0
+// demoteBatch moves up to n of GPU g's coldest unleased blocks to the host
+// tier and returns how many left the GPU and how many copies failed.
+func (gs *GPUSet) demoteBatch(g *GPU, n int) (moved, failed int) {
 	for _, hd := range g.Slots.PinColdest(n, nil) {
 		if err := gs.writeDown(g, hd); err != nil {
 			if !errors.Is(err, errDeleted) {
+				failed++
 				gs.log.Warn("demotion gpu → host failed", "gpu", g.Index, "err", err)
 			}
 			g.Slots.Unpin(hd, false)
@@ -754,7 +782,7 @@ func (gs *GPUSet) demoteBatch(g *GPU, n int) int {
 			g.demoted.Add(1)
 		}
 	}
-	return moved
+	return moved, failed
 }
 
 // Delete removes k from every GPU and the chain.
@@ -779,8 +807,11 @@ func (gs *GPUSet) DeleteNS(ns uint32) int {
 
 // GPUStats describes the GPU tier.
 type GPUStats struct {
-	Devices                             []HostStats
-	Demotions                           []uint64 // per device: blocks demoted to the host tier
+	Devices   []HostStats
+	Demotions []uint64 // per device: blocks demoted to the host tier
+	// PromotionFallbacks per device: device reads of host blocks served
+	// from the host tier because the arena had no room to promote them.
+	PromotionFallbacks                  []uint64
 	Promoted, Demoted, Migrated, ToHost uint64
 	CopyErrors, CompactErrors           uint64
 	// Copies per direction: host → gpu (promotions), gpu → host
@@ -796,6 +827,7 @@ func (gs *GPUSet) Stats() GPUStats {
 	for _, g := range gs.GPUs {
 		st.Devices = append(st.Devices, g.Slots.Stats())
 		st.Demotions = append(st.Demotions, g.demoted.Load())
+		st.PromotionFallbacks = append(st.PromotionFallbacks, g.fallbacks.Load())
 	}
 	return st
 }
