@@ -583,3 +583,45 @@ func TestGPUPromotionIntoFullArena(t *testing.T) {
 		})
 	}
 }
+
+// A promoted (or migrated) block is committed pinned: between its commit and
+// the readers' leases the demoter, which picks unleased blocks, cannot take
+// it (a deferred acquire then answered a miss for a cached block).
+func TestGPUMoveCommitsPinned(t *testing.T) {
+	tests := []struct {
+		name string
+		move func(r *gpuRig, k Key) (*Host, *Handle, error)
+		dst  func(r *gpuRig) *Host
+	}{
+		{"promotion", func(r *gpuRig, k Key) (*Host, *Handle, error) {
+			r.put(t, k, -1)
+			return r.gs.promote(r.gs.GPUs[0], k, gpuBlock)
+		}, func(r *gpuRig) *Host { return r.gs.GPUs[0].Slots }},
+		{"migration", func(r *gpuRig, k Key) (*Host, *Handle, error) {
+			r.put(t, k, 0)
+			return r.gs.migrate(r.gs.GPUs[0], r.gs.GPUs[1], k, gpuBlock)
+		}, func(r *gpuRig) *Host { return r.gs.GPUs[1].Slots }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGPURig(t, false)
+			k := chainKey(9, 1)
+			at, held, err := tc.move(r, k)
+			if err != nil || at != tc.dst(r) || held == nil || held.Key != k {
+				t.Fatalf("move: tier ok %v, held %v, %v", at == tc.dst(r), held != nil, err)
+			}
+			if got := at.PinColdest(8, nil); len(got) != 0 {
+				t.Fatalf("the demoter could pick %d blocks while the mover held the new copy", len(got))
+			}
+			if _, err := at.Unpin(held, false); err != nil {
+				t.Fatal(err)
+			}
+			got := at.PinColdest(8, nil)
+			if len(got) != 1 || got[0].Key != k {
+				t.Fatalf("after the mover let go: %d candidates", len(got))
+			}
+			at.Unpin(got[0], false)
+			r.mustHold(t, at, k, "destination")
+		})
+	}
+}
