@@ -177,7 +177,7 @@ func pending(op *client.DeviceOp) bool {
 	}
 }
 
-func TestDeviceAsync(t *testing.T) {
+func TestGPUDeviceAsync(t *testing.T) {
 	const n = 4
 	tests := []struct {
 		name string
