@@ -92,6 +92,13 @@ type Client struct {
 	mu       sync.Mutex
 	sessions map[*Session]struct{}
 	closed   bool
+
+	// Device ops in flight, per stream, each stream finished by a goroutine
+	// of its own while it has any (device.go); and a pool of events.
+	qmu          sync.Mutex
+	queues       map[cudaipc.Stream]*streamQueue
+	events       []cudaipc.Event
+	eventsClosed bool
 }
 
 // Dial checks that the daemon answers and returns a Client for it.
@@ -111,7 +118,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.ProtocolVersion == 0 {
 		opts.ProtocolVersion = shm.ProtocolVersion
 	}
-	c := &Client{opts: opts, sessions: map[*Session]struct{}{}, dev: opts.Device}
+	c := &Client{opts: opts, sessions: map[*Session]struct{}{}, dev: opts.Device, queues: map[cudaipc.Stream]*streamQueue{}}
 	if c.dev == nil && opts.GPU != "" {
 		dev, err := openGPU(opts.GPU)
 		if err != nil {
@@ -166,8 +173,9 @@ func (c *Client) Close() error {
 	}
 	c.mu.Unlock()
 	for _, s := range ss {
-		s.Close()
+		s.Close() // waits for the session's device ops
 	}
+	c.closeEvents()
 	if c.ownDev {
 		c.ownDev = false
 		c.dev.Close() // best effort: leases still open keep their mappings

@@ -535,6 +535,23 @@ func (cn *conn) slot(c *shm.CQE) ([]byte, error) {
 	return cn.mem[c.Offset : c.Offset+size : c.Offset+size], nil
 }
 
+// place resolves a reserve or acquire completion's slot: a GPU slot (device
+// entries only) to its address in the daemon's GPU arena, anything else to
+// the host arena's bytes. Either is checked against the mapping.
+func (cn *conn) place(c *shm.CQE, flags uint8, buf *[]byte, dptr *cudaipc.DevicePtr) error {
+	if c.Tier == shm.TierGPU {
+		if flags&shm.SQEFlagDevice == 0 {
+			return fmt.Errorf("%w: daemon returned a GPU slot for a host entry", shm.ErrMalformed)
+		}
+		p, err := cn.devSlot(c)
+		*dptr = p
+		return err
+	}
+	b, err := cn.slot(c)
+	*buf = b
+	return err
+}
+
 // dataArea hands out page runs of the ring's data area for lookup batches.
 type dataArea struct {
 	mu    sync.Mutex

@@ -22,5 +22,11 @@
 // and reservations of the old connection are void (their Bytes stay mapped
 // until released, so a stale reader never faults).
 //
+// Device API: with Options.Device the session copies blocks between the
+// client's GPU memory and the daemon's tiers on the caller's CUDA stream
+// (PutFromDeviceBatch, GetToDeviceBatch). The calls return once the copies
+// are queued; a DeviceOp commits or releases at an event recorded after
+// them, never synchronizing the device.
+//
 // Sessions are safe for concurrent use.
 package client

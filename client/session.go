@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -19,6 +20,9 @@ type Session struct {
 	mu     sync.Mutex // guards cur and closed; held while reconnecting
 	cur    *conn
 	closed bool
+	// devOps counts device ops whose copies may still run (device.go);
+	// Add only under mu while !closed.
+	devOps sync.WaitGroup
 }
 
 // Namespace is the session's namespace.
@@ -55,7 +59,11 @@ func (s *Session) conn(ctx context.Context) (*conn, error) {
 	return cn, nil
 }
 
-// Close ends the session. Open leases stay readable until released.
+// Close ends the session. Open leases stay readable until released. Device
+// copies in flight (DeviceOp) are waited for first: their events complete,
+// then their reservations are committed (or aborted) and their leases
+// released, so that no slot goes back to the daemon while a copy still
+// touches it.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -63,6 +71,9 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.mu.Unlock()
+	s.devOps.Wait()
+	s.mu.Lock()
 	cn := s.cur
 	s.mu.Unlock()
 	if cn != nil {
@@ -93,7 +104,9 @@ type Reservation struct {
 	Hash  Hash
 	cn    *conn
 	token uint64
-	buf   []byte
+	buf   []byte            // a host slot
+	tier  Tier              // TierGPU: the slot is dptr in the daemon's GPU arena
+	dptr  cudaipc.DevicePtr // (device puts only)
 	done  atomic.Bool
 }
 
@@ -134,7 +147,8 @@ type Lease struct {
 	Promoted bool
 	cn       *conn
 	token    uint64
-	buf      []byte
+	buf      []byte            // a host slot
+	dptr     cudaipc.DevicePtr // Tier == TierGPU (device gets only)
 	done     atomic.Bool
 }
 
@@ -182,13 +196,13 @@ func (s *Session) reserveBatch(ctx context.Context, hashes []Hash, flags uint8) 
 	for i := range out {
 		switch out[i].Status {
 		case shm.StatusOK:
-			buf, err := cn.slot(&out[i])
-			if err != nil {
+			r := &Reservation{Hash: hashes[i], cn: cn, token: out[i].Value, tier: out[i].Tier}
+			if err := cn.place(&out[i], flags, &r.buf, &r.dptr); err != nil {
 				cn.kill(err)
 				return nil, err
 			}
 			cn.ref()
-			res[i] = &Reservation{Hash: hashes[i], cn: cn, token: out[i].Value, buf: buf}
+			res[i] = r
 		case shm.StatusExists:
 		case shm.StatusFull:
 			full = true
@@ -219,15 +233,19 @@ func (s *Session) Reserve(ctx context.Context, h Hash) (*Reservation, error) {
 
 // CommitBatch commits reservations with one doorbell.
 func (s *Session) CommitBatch(ctx context.Context, rs []*Reservation) error {
-	return finishBatch(ctx, rs, shm.OpCommit)
+	_, err := finishBatch(ctx, rs, shm.OpCommit)
+	return err
 }
 
 // AbortBatch aborts reservations with one doorbell.
 func (s *Session) AbortBatch(ctx context.Context, rs []*Reservation) error {
-	return finishBatch(ctx, rs, shm.OpAbort)
+	_, err := finishBatch(ctx, rs, shm.OpAbort)
+	return err
 }
 
-func finishBatch(ctx context.Context, rs []*Reservation, op shm.Op) error {
+// finishBatch commits or aborts rs (nil entries skipped) and returns how
+// many the daemon accepted.
+func finishBatch(ctx context.Context, rs []*Reservation, op shm.Op) (int, error) {
 	// Group by connection generation: reservations of a dead connection are
 	// void and report ErrDisconnected.
 	byConn := map[*conn][]*Reservation{}
@@ -236,11 +254,12 @@ func finishBatch(ctx context.Context, rs []*Reservation, op shm.Op) error {
 			continue
 		}
 		if !r.done.CompareAndSwap(false, true) {
-			return fmt.Errorf("%s %s: %w", op, r.Hash, ErrDone)
+			return 0, fmt.Errorf("%s %s: %w", op, r.Hash, ErrDone)
 		}
 		byConn[r.cn] = append(byConn[r.cn], r)
 	}
 	var errs []error
+	ok := 0
 	for cn, group := range byConn {
 		es := make([]shm.SQE, len(group))
 		for i, r := range group {
@@ -258,10 +277,12 @@ func finishBatch(ctx context.Context, rs []*Reservation, op shm.Op) error {
 		for i := range out {
 			if e := statusErr(out[i].Status); e != nil {
 				errs = append(errs, fmt.Errorf("%s %s: %w", op, group[i].Hash, e))
+				continue
 			}
+			ok++
 		}
 	}
-	return errors.Join(errs...)
+	return ok, errors.Join(errs...)
 }
 
 // AcquireBatch leases cached blocks with one doorbell; ls[i] is nil on a
@@ -287,14 +308,14 @@ func (s *Session) acquireBatch(ctx context.Context, hashes []Hash, flags uint8) 
 	for i := range out {
 		switch out[i].Status {
 		case shm.StatusOK:
-			buf, err := cn.slot(&out[i])
-			if err != nil {
+			l := &Lease{Hash: hashes[i], Tier: out[i].Tier, Promoted: out[i].Flags&shm.CQEFlagPromoted != 0,
+				cn: cn, token: out[i].Value}
+			if err := cn.place(&out[i], flags, &l.buf, &l.dptr); err != nil {
 				cn.kill(err)
 				return nil, err
 			}
 			cn.ref()
-			ls[i] = &Lease{Hash: hashes[i], Tier: out[i].Tier, Promoted: out[i].Flags&shm.CQEFlagPromoted != 0,
-				cn: cn, token: out[i].Value, buf: buf}
+			ls[i] = l
 		case shm.StatusNotFound:
 		default:
 			for _, l := range ls {

@@ -28,6 +28,13 @@ var exported struct {
 	m  map[IPCHandle]struct{}
 }
 
+// HoldStream is a test hook of the emulated device (see its doc there); a
+// real stream cannot be gated from the host without a kernel or a host
+// callback, so the cuda build refuses.
+func HoldStream(s Stream) (release func(), err error) {
+	return nil, fmt.Errorf("hold stream: %w", ErrNotSupported)
+}
+
 // Devices lists the GPUs visible to this process (CUDA_VISIBLE_DEVICES
 // applies), each holding a reference on its primary context until Close.
 // With no GPU it fails with ErrNoDevice.

@@ -161,4 +161,6 @@ var (
 	// ErrInvalidValue: an argument out of range, such as a copy outside
 	// any arena or a stream of another device.
 	ErrInvalidValue = errors.New("invalid argument")
+	// ErrNotSupported: a call this build cannot do (HoldStream on a real GPU).
+	ErrNotSupported = errors.New("not supported by this build")
 )

@@ -542,3 +542,71 @@ func TestIPCExporterExited(t *testing.T) {
 		t.Errorf("OpenIPC after the exporter exited: %v, want ErrInvalidHandle", err)
 	}
 }
+
+// Stream order and events under a held stream: nothing queued behind the
+// hold runs, an event recorded behind it stays incomplete (Query) while an
+// event on another stream completes, and releasing the hold runs the copies
+// in order before the event. The emulated device only (HoldStream).
+func TestHoldStreamOrdersEvents(t *testing.T) {
+	if !cudaipc.Emulated {
+		t.Skip("HoldStream is a hook of the emulated device")
+	}
+	d := devices(t, 1)[0]
+	const n = 64 << 10
+	a := alloc(t, d, 2*n)
+	held, free := stream(t, d), stream(t, d)
+	evHeld, err := d.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evHeld.Close()
+	evFree, err := d.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evFree.Close()
+
+	release, err := cudaipc.HoldStream(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	first, second := pattern(n, 1), pattern(n, 2)
+	out := make([]byte, n)
+	// Two writes to the same address then a read: order decides the bytes.
+	for _, b := range [][]byte{first, second} {
+		if err := d.CopyHtoDAsync(a.Ptr(), b, held); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.CopyDtoHAsync(out, a.Ptr(), held); err != nil {
+		t.Fatal(err)
+	}
+	if err := evHeld.Record(held); err != nil {
+		t.Fatal(err)
+	}
+	// Another stream is not held back.
+	if err := d.CopyHtoDAsync(a.Ptr()+n, first, free); err != nil {
+		t.Fatal(err)
+	}
+	if err := evFree.Record(free); err != nil {
+		t.Fatal(err)
+	}
+	if err := evFree.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := evHeld.Query(); err != nil || done {
+		t.Fatalf("event behind a hold: done %v, %v; want pending", done, err)
+	}
+	release()
+	release() // idempotent
+	if err := evHeld.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out, second) {
+		t.Fatal("copies on one stream ran out of order")
+	}
+	if _, err := cudaipc.HoldStream(nil); !errors.Is(err, cudaipc.ErrInvalidValue) {
+		t.Fatalf("hold of a nil stream: %v, want ErrInvalidValue", err)
+	}
+}

@@ -46,7 +46,9 @@
 // exporter fails with ErrInvalidHandle. Unlike CUDA, a mapping stays readable
 // after the exporter exits. Each stream is a goroutine that runs its copies
 // (memmove) in order, so the race detector reports a host buffer read before
-// its copy was synchronized. Copies are bounds-checked against the arenas and
+// its copy was synchronized; HoldStream gates a stream, as the caller's own
+// kernels would, so tests can show that completion follows the stream's
+// events and not the calls that queued the copies. Copies are bounds-checked against the arenas and
 // mappings of the device (ErrInvalidValue); real GPUs do not check. UUIDs are
 // derived from the ordinal; peer access between emulated devices is allowed.
 // Free memory counts this process's allocations only.

@@ -504,6 +504,25 @@ func (s *emuStream) marker() (<-chan struct{}, error) {
 	return c, nil
 }
 
+// HoldStream queues a gate on s: the copies and event records queued after
+// it wait until release is called (release is idempotent and never blocks).
+// It models a stream busy with the caller's own kernels, so that tests can
+// show that work tied to an event waits for the stream and not for the call
+// that queued it. Release every hold before closing the stream. The emulated
+// device only; the cuda build returns ErrNotSupported.
+func HoldStream(s Stream) (release func(), err error) {
+	es, ok := s.(*emuStream)
+	if !ok || es == nil {
+		return nil, fmt.Errorf("hold stream: %w: %T is not an emulated stream", ErrInvalidValue, s)
+	}
+	gate := make(chan struct{})
+	if err := es.enqueue(func() { <-gate }); err != nil {
+		return nil, fmt.Errorf("hold stream: %w", err)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }, nil
+}
+
 func (s *emuStream) Synchronize() error {
 	c, err := s.marker()
 	if err != nil {

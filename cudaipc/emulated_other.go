@@ -15,3 +15,8 @@ const Emulated = true
 func Devices() ([]Device, error) {
 	return nil, fmt.Errorf("emulated devices need Linux: %w", ErrNoDevice)
 }
+
+// HoldStream needs an emulated stream, which needs Linux.
+func HoldStream(s Stream) (release func(), err error) {
+	return nil, fmt.Errorf("hold stream: %w", ErrNotSupported)
+}

@@ -118,7 +118,8 @@ func (d *Daemon) gpuStats(st *shm.Stats) {
 			Name: gpuTierName(i), CapacityBytes: hs.CapacityBytes, UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
 			Reserved: hs.Reserved, Leased: hs.Leased, Hits: hs.Hits, Misses: hs.Misses,
 			Evictions: hs.Evictions, HitRatio: ratio, Demotions: gst.Demotions[i],
-			Compactions: hs.Compactions, CompactedBlocks: hs.CompactedBlocks,
+			PromotionFallbacks: gst.PromotionFallbacks[i],
+			Compactions:        hs.Compactions, CompactedBlocks: hs.CompactedBlocks,
 		})
 	}
 	move := func(from, to string, m tiers.MoveStats) shm.MoveStats {

@@ -233,6 +233,7 @@ var (
 	descGPULeased     = desc("gpu_leased_blocks", "GPU arena blocks with at least one lease (leased blocks are never demoted or migrated).", "tier")
 	descGPUReserved   = desc("gpu_reserved_blocks", "GPU arena reservations not yet committed or aborted.", "tier")
 	descGPUDemotions  = desc("gpu_demotions_total", "Blocks the GPU arena's demoter moved to the host tier.", "tier")
+	descGPUFallbacks  = desc("gpu_promotion_fallbacks_total", "Device reads of host blocks served from the host tier because the GPU arena had no room to promote them (each kicks the demoter).", "tier")
 	descGPUCompactErr = desc("gpu_compaction_errors_total", "Failed device-to-device copies of GPU arena compaction.")
 
 	descNVMeDisk      = desc("nvme_disk_bytes", "Bytes the NVMe tier's directory occupies on disk (LSM, value log, manifest), last measurement.")
@@ -256,7 +257,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descHostReserved, descHostLeased, descHostCompactions,
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
-		descGPULeased, descGPUReserved, descGPUDemotions, descGPUCompactErr,
+		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
 		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
 		descNVMeReindex, descNVMeReindexS, descNVMeReadHits, descNVMeReadMisss,
 		descBuildInfo,
@@ -329,6 +330,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descGPULeased, float64(gs.Leased), tier)
 			gauge(descGPUReserved, float64(gs.Reserved), tier)
 			counter(descGPUDemotions, gst.Demotions[i], tier)
+			counter(descGPUFallbacks, gst.PromotionFallbacks[i], tier)
 		}
 		for _, m := range []struct {
 			from, to string

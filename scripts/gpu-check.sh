@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU check: builds the cuda test binaries and, on a host with a GPU, runs the
 # GPU tier end to end through real CUDA IPC (a daemon process and client
-# processes exchanging blocks, every byte verified: itest TestGPUTier) and
-# measures the copy paths against plain baselines (scripts/gpucheck). Bounded
-# to 5 minutes. Without a GPU it only builds and says so.
+# processes exchanging blocks through the asynchronous device API, batches
+# pipelined on one stream and committed at their events, every byte verified:
+# itest TestGPUTier) and measures the copy paths against plain baselines
+# (scripts/gpucheck). Bounded to 5 minutes. Without a GPU it only builds and
+# says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin

@@ -53,6 +53,9 @@ type TierStats struct {
 	// GPU tiers (one row per GPU arena, "gpu0", "gpu1", …): blocks demoted
 	// to the host tier (the GPU arenas never evict).
 	Demotions uint64 `json:"demotions,omitempty"`
+	// PromotionFallbacks: device reads of host blocks served from the host
+	// tier because the arena had no room to promote them.
+	PromotionFallbacks uint64 `json:"promotion_fallbacks,omitempty"`
 	// NVMe tier: bytes on disk and reads that failed verification.
 	DiskBytes      int64  `json:"disk_bytes,omitempty"`
 	ChecksumMisses uint64 `json:"checksum_misses,omitempty"`

@@ -58,6 +58,11 @@ type GPU struct {
 
 	set     *GPUSet
 	demoted atomic.Uint64 // blocks demoted from this GPU to the host tier
+	// fallbacks counts device reads of host blocks served from the host
+	// tier because this arena had no room for their promotion.
+	fallbacks atomic.Uint64
+	// passes counts the demoter's passes (tests wait on it).
+	passes  atomic.Uint64
 	compact cudaipc.Stream
 	copiers chan *gpuCopier
 	kick    chan struct{}
@@ -211,7 +216,8 @@ var errDeleted = errors.New("deleted during the copy")
 
 // commitCopy commits the destination reservation of a copy unless k was
 // deleted since the copy began (then it aborts it and returns errDeleted).
-func (gs *GPUSet) commitCopy(t *moveTok, h *Host, hd *Handle) error {
+// With pinned the committed block stays pinned (Host.CommitPinned).
+func (gs *GPUSet) commitCopy(t *moveTok, h *Host, hd *Handle, pinned bool) error {
 	if gs.copied != nil {
 		gs.copied(hd.Key)
 	}
@@ -220,6 +226,9 @@ func (gs *GPUSet) commitCopy(t *moveTok, h *Host, hd *Handle) error {
 	if t.deleted {
 		h.Abort(hd)
 		return fmt.Errorf("%w: %s %w", ErrGPUCopy, hd.Key.Hash, errDeleted)
+	}
+	if pinned {
+		return h.CommitPinned(hd)
 	}
 	return h.Commit(hd)
 }
@@ -484,19 +493,32 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 		}
 		if j := gs.holder(k, gpu); j >= 0 {
 			src := gs.GPUs[j]
-			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer && g.hasRoom(size) {
-				gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.migrate(src, g, k, size) })
-				return nil, true
+			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer {
+				if g.hasRoom(size) {
+					gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.migrate(src, g, k, size) })
+					return nil, true
+				}
+				g.makeRoom() // so that the next read migrates
 			}
 			if hd, ok := host.Acquire(k); ok {
 				return hd, true
 			}
-			gs.startMove(k, host, done, func() (*Host, error) { return host, gs.copyToHost(src, k, size) })
+			gs.startMove(k, host, done, func() (*Host, *Handle, error) { return host, nil, gs.copyToHost(src, k, size) })
 			return nil, true
 		}
-		if host.Contains(k) && g.hasRoom(size) {
-			gs.startMove(k, g.Slots, done, func() (*Host, error) { return gs.promote(g, k, size) })
-			return nil, true
+		if host.Contains(k) {
+			if g.hasRoom(size) {
+				gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, size) })
+				return nil, true
+			}
+			// The arena is full: serve the host copy now (an H2D read
+			// costs the reader no more than the promotion would) and
+			// kick the demoter, which moves the coldest unleased GPU
+			// blocks down so that the next device read promotes.
+			// Waiting for it instead would hold this reader behind
+			// demotion copies.
+			g.fallbacks.Add(1)
+			g.makeRoom()
 		}
 		return gs.Chain.Acquire(k, size, done)
 	}
@@ -505,15 +527,18 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 	}
 	if j := gs.holder(k, -1); j >= 0 {
 		src := gs.GPUs[j]
-		gs.startMove(k, host, done, func() (*Host, error) { return host, gs.copyToHost(src, k, size) })
+		gs.startMove(k, host, done, func() (*Host, *Handle, error) { return host, nil, gs.copyToHost(src, k, size) })
 		return nil, true
 	}
 	return gs.Chain.Acquire(k, size, done)
 }
 
 // startMove runs work on a mover goroutine, once per (key, destination);
-// every waiter then gets a lease on the tier work reports the block in.
-func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (*Host, error)) {
+// every waiter then gets a lease on the tier work reports the block in. When
+// work also returns a pin on the block there (held), the block cannot leave
+// that tier (a demoter picking the fresh, still unleased copy) before every
+// waiter holds its lease; the pin is dropped after.
+func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (at *Host, held *Handle, err error)) {
 	mk := moveKey{k: k, dst: dst}
 	gs.imu.Lock()
 	if m := gs.inflight[mk]; m != nil {
@@ -525,7 +550,7 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 	gs.inflight[mk] = m
 	gs.imu.Unlock()
 	job := func() {
-		at, err := work()
+		at, held, err := work()
 		gs.imu.Lock()
 		delete(gs.inflight, mk)
 		ws := m.waiters
@@ -541,6 +566,9 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 				w(nil, fmt.Errorf("%w: %s left the tier before it was leased", ErrGPUCopy, k.Hash))
 			}
 		}
+		if held != nil {
+			at.Unpin(held, false)
+		}
 	}
 	select {
 	case gs.jobs <- job:
@@ -550,27 +578,36 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 }
 
 // promote copies k host → GPU g (H2D from the pinned host arena). The host
-// copy stays (clean). Without room it reports the host tier.
-func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
+// copy stays (clean). It returns the tier to serve the waiters from with a
+// pin on the block there (see startMove): GPU g's new copy, or the host copy
+// when there is no room (counted; the demoter is kicked) or the copy failed.
+func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, *Handle, error) {
 	host := gs.Chain.Host
 	tok := gs.track(k)
 	defer gs.untrack(k, tok)
 	start := time.Now()
 	src, ok := host.Pin(k)
 	if !ok {
-		if g.Slots.Contains(k) {
-			return g.Slots, nil
+		if hd, ok := g.Slots.Pin(k); ok {
+			return g.Slots, hd, nil
 		}
-		return nil, fmt.Errorf("%w: %s left the host tier before its promotion", ErrGPUCopy, k.Hash)
+		return nil, nil, fmt.Errorf("%w: %s left the host tier before its promotion", ErrGPUCopy, k.Hash)
 	}
-	defer host.Unpin(src, false)
+	// src stays pinned until the waiters are served from it, or until the
+	// GPU copy (pinned too) replaces it.
 	dst, err := g.Slots.Reserve(k, src.Size)
 	switch {
 	case errors.Is(err, ErrExists):
-		return g.Slots, nil // promoted meanwhile (or being put: Pin decides)
+		// Promoted meanwhile; or being put to the GPU: serve the host copy.
+		if hd, ok := g.Slots.Pin(k); ok {
+			host.Unpin(src, false)
+			return g.Slots, hd, nil
+		}
+		return host, src, nil
 	case err != nil:
-		g.makeRoom()     // so the next promotion finds room
-		return host, nil // no room after all: serve the host copy
+		g.fallbacks.Add(1)
+		g.makeRoom()          // so the next promotion finds room
+		return host, src, nil // no room after all: serve the host copy
 	}
 	err = g.run(func(s cudaipc.Stream) error { return g.Dev.CopyHtoDAsync(g.ptr(dst.Offset), host.Bytes(src), s) })
 	if err != nil {
@@ -578,41 +615,47 @@ func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, error) {
 		gs.copyErrors.Add(1)
 		gs.up.errors.Add(1)
 		gs.log.Warn("promotion host → gpu failed; serving the host copy", "gpu", g.Index, "err", err)
-		return host, nil
+		return host, src, nil
 	}
-	if err := gs.commitCopy(tok, g.Slots, dst); err != nil {
+	if err := gs.commitCopy(tok, g.Slots, dst, true); err != nil {
 		if errors.Is(err, errDeleted) {
-			return nil, err
+			host.Unpin(src, false)
+			return nil, nil, err
 		}
-		return host, nil
+		return host, src, nil
 	}
+	host.Unpin(src, false)
 	gs.up.done(dst.Size, start)
 	gs.promoted.Add(1)
 	gs.Committed(g)
-	return g.Slots, nil
+	return g.Slots, dst, nil
 }
 
 // migrate moves k from GPU src to GPU dst by a peer copy; the source copy is
 // dropped unless a reader holds it. Without room it goes through the host.
-func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, error) {
+// A successful migration returns dst's copy pinned (see startMove).
+func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, *Handle, error) {
 	tok := gs.track(k)
 	defer gs.untrack(k, tok)
 	start := time.Now()
 	from, ok := src.Slots.Pin(k)
 	if !ok {
-		if dst.Slots.Contains(k) {
-			return dst.Slots, nil
+		if hd, ok := dst.Slots.Pin(k); ok {
+			return dst.Slots, hd, nil
 		}
-		return gs.Chain.Host, gs.copyToHostAny(k, size)
+		return gs.Chain.Host, nil, gs.copyToHostAny(k, size)
 	}
 	to, err := dst.Slots.Reserve(k, from.Size)
 	if errors.Is(err, ErrExists) {
 		src.Slots.Unpin(from, false)
-		return dst.Slots, nil
+		if hd, ok := dst.Slots.Pin(k); ok {
+			return dst.Slots, hd, nil
+		}
+		return gs.Chain.Host, nil, gs.copyToHostAny(k, size)
 	}
 	if err != nil {
 		src.Slots.Unpin(from, false)
-		return gs.Chain.Host, gs.copyToHost(src, k, size)
+		return gs.Chain.Host, nil, gs.copyToHost(src, k, size)
 	}
 	err = src.run(func(s cudaipc.Stream) error {
 		return src.Dev.CopyPeerAsync(dst.ptr(to.Offset), dst.Dev, src.ptr(from.Offset), from.Size, s)
@@ -623,20 +666,20 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, error) {
 		gs.copyErrors.Add(1)
 		gs.peer.errors.Add(1)
 		gs.log.Warn("peer copy failed; going through the host tier", "from", src.Index, "to", dst.Index, "err", err)
-		return gs.Chain.Host, gs.copyToHost(src, k, size)
+		return gs.Chain.Host, nil, gs.copyToHost(src, k, size)
 	}
-	if err := gs.commitCopy(tok, dst.Slots, to); err != nil {
+	if err := gs.commitCopy(tok, dst.Slots, to, true); err != nil {
 		src.Slots.Unpin(from, false)
 		if errors.Is(err, errDeleted) {
-			return nil, err
+			return nil, nil, err
 		}
-		return nil, fmt.Errorf("%w: %v", ErrGPUCopy, err)
+		return nil, nil, fmt.Errorf("%w: %v", ErrGPUCopy, err)
 	}
 	src.Slots.Unpin(from, true)
 	gs.peer.done(to.Size, start)
 	gs.migrated.Add(1)
 	gs.Committed(dst)
-	return dst.Slots, nil
+	return dst.Slots, to, nil
 }
 
 func (gs *GPUSet) copyToHostAny(k Key, size int64) error {
@@ -694,7 +737,7 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
 		gs.down.errors.Add(1)
 		return fmt.Errorf("%w: gpu %d → host: %v", ErrGPUCopy, g.Index, err)
 	}
-	if err := gs.commitCopy(tok, c.Host, dst); err != nil {
+	if err := gs.commitCopy(tok, c.Host, dst, false); err != nil {
 		if errors.Is(err, errDeleted) {
 			return err
 		}
@@ -724,25 +767,34 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 		case <-t.C:
 		}
 		used, capacity := g.Slots.Usage()
-		if pressed := g.pressure.Swap(false); !pressed && float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
+		pressed := g.pressure.Swap(false)
+		if !pressed && float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
 			continue
 		}
 		for float64(used) > gs.cfg.LowWatermark*float64(capacity) && ctx.Err() == nil {
-			if gs.demoteBatch(g, 8) == 0 {
+			moved, failed := gs.demoteBatch(g, 8)
+			if moved == 0 {
+				// The rest is leased (never moved) or failed to copy.
+				// Room was asked for and leases end: try again at the
+				// next tick, unless copies fail (no retry storm).
+				if failed == 0 && pressed {
+					g.pressure.Store(true)
+				}
 				break
 			}
 			used, _ = g.Slots.Usage()
 		}
+		g.passes.Add(1)
 	}
 }
 
-// DemoteBatch moves up to n of GPU g's coldest unleased blocks to the host
-// tier and returns how many left the GPU.
-func (gs *GPUSet) demoteBatch(g *GPU, n int) int {
-	moved := 0
+// demoteBatch moves up to n of GPU g's coldest unleased blocks to the host
+// tier and returns how many left the GPU and how many copies failed.
+func (gs *GPUSet) demoteBatch(g *GPU, n int) (moved, failed int) {
 	for _, hd := range g.Slots.PinColdest(n, nil) {
 		if err := gs.writeDown(g, hd); err != nil {
 			if !errors.Is(err, errDeleted) {
+				failed++
 				gs.log.Warn("demotion gpu → host failed", "gpu", g.Index, "err", err)
 			}
 			g.Slots.Unpin(hd, false)
@@ -754,7 +806,7 @@ func (gs *GPUSet) demoteBatch(g *GPU, n int) int {
 			g.demoted.Add(1)
 		}
 	}
-	return moved
+	return moved, failed
 }
 
 // Delete removes k from every GPU and the chain.
@@ -779,8 +831,11 @@ func (gs *GPUSet) DeleteNS(ns uint32) int {
 
 // GPUStats describes the GPU tier.
 type GPUStats struct {
-	Devices                             []HostStats
-	Demotions                           []uint64 // per device: blocks demoted to the host tier
+	Devices   []HostStats
+	Demotions []uint64 // per device: blocks demoted to the host tier
+	// PromotionFallbacks per device: device reads of host blocks served
+	// from the host tier because the arena had no room to promote them.
+	PromotionFallbacks                  []uint64
 	Promoted, Demoted, Migrated, ToHost uint64
 	CopyErrors, CompactErrors           uint64
 	// Copies per direction: host → gpu (promotions), gpu → host
@@ -796,6 +851,7 @@ func (gs *GPUSet) Stats() GPUStats {
 	for _, g := range gs.GPUs {
 		st.Devices = append(st.Devices, g.Slots.Stats())
 		st.Demotions = append(st.Demotions, g.demoted.Load())
+		st.PromotionFallbacks = append(st.PromotionFallbacks, g.fallbacks.Load())
 	}
 	return st
 }

@@ -309,7 +309,7 @@ func TestGPUDeleteRacesCopy(t *testing.T) {
 		k := chainKey(4, 1)
 		r.put(t, k, 0)
 		r.gs.copied = func(x Key) { r.gs.Delete(x) }
-		if n := r.gs.demoteBatch(g0, 8); n != 0 {
+		if n, _ := r.gs.demoteBatch(g0, 8); n != 0 {
 			t.Fatalf("demoted %d", n)
 		}
 		if !gone(r, k) {
@@ -440,5 +440,188 @@ func TestGPUStreamKeepsRecentBlocks(t *testing.T) {
 	}
 	if st := r.gs.Stats(); st.Demotions[0] == 0 || st.GPUToHost.Errors != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// waitFor polls cond (state another goroutine changes) until it holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A device read of a host block when GPU 0's arena is full: served from the
+// host tier at once (no deferred completion: the ring loop never waits),
+// counted, and the demoter is kicked; it moves only unleased blocks, and once
+// it made room the next device read promotes the block into the arena.
+func TestGPUPromotionIntoFullArena(t *testing.T) {
+	tests := []struct {
+		name   string
+		leased bool // every GPU block is leased: the demoter cannot move any
+	}{
+		{"unleased arena", false},
+		{"leased arena", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGPURig(t, true)
+			g0 := r.gs.GPUs[0]
+			// Fill GPU 0 to its high watermark exactly (0.75 of 8 MiB): not
+			// above it, so the demoter has no reason of its own to run, and
+			// no room for one more block.
+			var gpuKeys []Key
+			var leases []*Handle
+			for i := range uint64(24) {
+				k := chainKey(7, i)
+				if at := r.put(t, k, 0); at != g0.Slots {
+					t.Fatalf("fill block %d landed outside GPU 0", i)
+				}
+				gpuKeys = append(gpuKeys, k)
+				if tc.leased {
+					hd, ok := g0.Slots.Acquire(k)
+					if !ok {
+						t.Fatalf("lease fill block %d", i)
+					}
+					leases = append(leases, hd)
+				}
+			}
+			if g0.hasRoom(gpuBlock) {
+				t.Fatal("the arena has room after the fill")
+			}
+			k := chainKey(8, 1)
+			r.put(t, k, -1)
+			passes := g0.passes.Load()
+
+			read := func() *Handle {
+				t.Helper()
+				hd, ok := r.gs.Acquire(k, gpuBlock, 0, true, func(*Handle, error) {
+					t.Error("a fallback read was deferred")
+				})
+				if !ok || hd == nil {
+					t.Fatalf("device read of a host block: handle %v, ok %v; want an immediate host lease", hd, ok)
+				}
+				return hd
+			}
+			hd := read()
+			if hd.Owner() != r.h {
+				t.Fatal("the fallback lease is not in the host tier")
+			}
+			r.h.Release(hd)
+			if st := r.gs.Stats(); st.PromotionFallbacks[0] != 1 || st.HostToGPU.Blocks != 0 {
+				t.Fatalf("after one fallback: fallbacks %v, promotions %+v", st.PromotionFallbacks, st.HostToGPU)
+			}
+			// The kick runs a demoter pass under pressure.
+			waitFor(t, "a demoter pass", func() bool { return g0.passes.Load() > passes })
+			if tc.leased {
+				for i, gk := range gpuKeys {
+					if !g0.Slots.Contains(gk) {
+						t.Fatalf("leased block %d left the GPU", i)
+					}
+					r.mustHold(t, g0.Slots, gk, "gpu0")
+				}
+				if st := r.gs.Stats(); st.Demotions[0] != 0 || g0.hasRoom(gpuBlock) {
+					t.Fatalf("demoted %d leased blocks", st.Demotions[0])
+				}
+				// Still no room: served from the host tier again.
+				hd := read()
+				if hd.Owner() != r.h {
+					t.Fatal("a read with the arena full of leased blocks was not served from the host tier")
+				}
+				r.h.Release(hd)
+				for _, l := range leases {
+					g0.Slots.Release(l)
+				}
+				// The second fallback kicked the demoter again; now the
+				// blocks are free to go.
+			}
+			// Under pressure the demoter goes down to the low watermark
+			// (0.5), then stops: the arena is not above its high one.
+			waitFor(t, "the low watermark", func() bool {
+				used, capacity := g0.Slots.Usage()
+				return float64(used) <= 0.5*float64(capacity)
+			})
+			hd, err := r.acquire(t, k, 0, true)
+			if err != nil || hd.Owner() != g0.Slots {
+				t.Fatalf("device read after the demoter made room: %v (on GPU %v)", err, hd != nil && hd.Owner() == g0.Slots)
+			}
+			g0.Slots.Release(hd)
+			r.mustHold(t, g0.Slots, k, "gpu0")
+			r.mustHold(t, r.h, k, "host")
+			// The demoter moved the coldest blocks first, every byte
+			// intact. Stop it (its last batch may still be counting) so
+			// that the counters hold still.
+			r.cancel()
+			r.gs.Wait()
+			st := r.gs.Stats()
+			wantFallbacks := uint64(1)
+			if tc.leased {
+				wantFallbacks = 2
+			}
+			if st.PromotionFallbacks[0] != wantFallbacks || st.HostToGPU.Blocks != 1 || st.HostToGPU.Bytes != gpuBlock {
+				t.Fatalf("fallbacks %v (want %d), promotions %+v", st.PromotionFallbacks, wantFallbacks, st.HostToGPU)
+			}
+			demoted := 0
+			for i, gk := range gpuKeys {
+				if g0.Slots.Contains(gk) {
+					r.mustHold(t, g0.Slots, gk, "gpu0")
+					continue
+				}
+				if demoted != i {
+					t.Fatalf("block %d was demoted but the older block %d was not", i, demoted)
+				}
+				r.mustHold(t, r.h, gk, "host")
+				demoted++
+			}
+			if demoted < 8 || st.Demotions[0] != uint64(demoted) || st.GPUToHost.Errors != 0 {
+				t.Fatalf("%d demoted; stats %+v", demoted, st)
+			}
+		})
+	}
+}
+
+// A promoted (or migrated) block is committed pinned: between its commit and
+// the readers' leases the demoter, which picks unleased blocks, cannot take
+// it (a deferred acquire then answered a miss for a cached block).
+func TestGPUMoveCommitsPinned(t *testing.T) {
+	tests := []struct {
+		name string
+		move func(r *gpuRig, k Key) (*Host, *Handle, error)
+		dst  func(r *gpuRig) *Host
+	}{
+		{"promotion", func(r *gpuRig, k Key) (*Host, *Handle, error) {
+			r.put(t, k, -1)
+			return r.gs.promote(r.gs.GPUs[0], k, gpuBlock)
+		}, func(r *gpuRig) *Host { return r.gs.GPUs[0].Slots }},
+		{"migration", func(r *gpuRig, k Key) (*Host, *Handle, error) {
+			r.put(t, k, 0)
+			return r.gs.migrate(r.gs.GPUs[0], r.gs.GPUs[1], k, gpuBlock)
+		}, func(r *gpuRig) *Host { return r.gs.GPUs[1].Slots }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGPURig(t, false)
+			k := chainKey(9, 1)
+			at, held, err := tc.move(r, k)
+			if err != nil || at != tc.dst(r) || held == nil || held.Key != k {
+				t.Fatalf("move: tier ok %v, held %v, %v", at == tc.dst(r), held != nil, err)
+			}
+			if got := at.PinColdest(8, nil); len(got) != 0 {
+				t.Fatalf("the demoter could pick %d blocks while the mover held the new copy", len(got))
+			}
+			if _, err := at.Unpin(held, false); err != nil {
+				t.Fatal(err)
+			}
+			got := at.PinColdest(8, nil)
+			if len(got) != 1 || got[0].Key != k {
+				t.Fatalf("after the mover let go: %d candidates", len(got))
+			}
+			at.Unpin(got[0], false)
+			r.mustHold(t, at, k, "destination")
+		})
 	}
 }

@@ -599,6 +599,26 @@ func (h *Host) Commit(hd *Handle) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.commitLocked(hd)
+}
+
+// CommitPinned commits hd and pins it (as Pin) in one step, so that nothing
+// (a demoter, eviction) can take the new block before the one who copied it
+// hands it to its readers. Unpin it after.
+func (h *Host) CommitPinned(hd *Handle) error {
+	if err := h.check(hd); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.commitLocked(hd); err != nil {
+		return err
+	}
+	h.pinLocked(hd)
+	return nil
+}
+
+func (h *Host) commitLocked(hd *Handle) error {
 	if hd.state != stateReserved {
 		return fmt.Errorf("%w: commit of a block that is not reserved", ErrHandleState)
 	}
