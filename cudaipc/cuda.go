@@ -361,7 +361,11 @@ type cudaEvent struct {
 func (d *cudaDevice) NewEvent() (Event, error) {
 	var ev cu.Event
 	err := d.do(func() (err error) {
-		ev, err = cu.MakeEvent(cu.DisableTiming)
+		// Blocking sync: a thread waiting on a copy's event sleeps instead
+		// of spinning a core per stream in flight (the default), which on an
+		// inference host belongs to the engine; the waiters here (commit
+		// after a device put, a mover's copy) are not on the engine's path.
+		ev, err = cu.MakeEvent(cu.DisableTiming | cu.BlockingSyncEvent)
 		return err
 	})
 	if err != nil {
