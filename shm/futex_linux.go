@@ -26,3 +26,11 @@ func futexWaitOn(addr *atomic.Uint32, val uint32, d time.Duration) {
 func futexWakeAll(addr *atomic.Uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake, 1<<30, 0, 0, 0)
 }
+
+// osYield gives the CPU to another runnable thread queued on it, if any
+// (raw: it returns at once when there is none, and the P stays ours).
+func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+
+// Yield gives this CPU to another thread queued on it, if any: call it
+// after waking the peer, which may have been queued behind the caller.
+func Yield() { osYield() }

@@ -3,6 +3,7 @@
 package shm
 
 import (
+	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -35,3 +36,9 @@ func futexWaitOn(addr *atomic.Uint32, val uint32, d time.Duration) {
 }
 
 func futexWakeAll(*atomic.Uint32) {}
+
+// osYield: Gosched already yielded what this platform lets us yield.
+func osYield() {}
+
+// Yield gives this CPU to another thread queued on it, if any.
+func Yield() { runtime.Gosched() }
