@@ -41,6 +41,7 @@ type session struct {
 	ring   *shm.Ring
 	data   []byte // the ring region's data area (peer-writable)
 	spin   time.Duration
+	pacer  shm.Pacer // the ring loop's yield pacing, kept across waits
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -312,7 +313,7 @@ func (s *session) loop() error {
 			if s.d.spinners.Add(1) <= s.d.maxSpinners {
 				spin = s.spin
 			}
-			s.ring.DaemonWait(spin, sleepBound)
+			s.ring.DaemonWaitPaced(spin, &s.pacer, sleepBound)
 			s.d.spinners.Add(-1)
 			continue
 		}
