@@ -56,6 +56,7 @@ type conn struct {
 	gpuSize    uint64
 	hostPinned bool
 	spin       time.Duration
+	pacer      shm.Pacer // await's yield pacing, shared by the callers
 
 	sqMu sync.Mutex
 
@@ -300,8 +301,11 @@ func (cn *conn) poll() bool {
 // await waits for one call: it polls the completion ring itself for the
 // spin budget (no hand-off to another thread, whose wake-up costs tens of
 // microseconds on virtual machines), then sleeps with the reaper's help.
+// The spinner yields to the session's other callers and to the daemon, and
+// counts only its own polling against the budget (see shm.Spinner).
 func (cn *conn) await(ctx context.Context, c *call) error {
-	deadline := time.Now().Add(cn.spin)
+	var sp shm.Spinner
+	sp.Reset(cn.spin, &cn.pacer)
 	for i := 0; ; i++ {
 		select {
 		case <-c.done:
@@ -315,10 +319,9 @@ func (cn *conn) await(ctx context.Context, c *call) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if time.Now().After(deadline) {
-				break
-			}
-			runtime.Gosched()
+		}
+		if !sp.Pause() {
+			break
 		}
 	}
 	cn.sleepers.Add(1)
@@ -420,7 +423,11 @@ func (cn *conn) push(es []shm.SQE) error {
 		n := cn.ring.ClientPush(es)
 		es = es[n:]
 		if n > 0 {
-			cn.ring.ClientWake()
+			if cn.ring.ClientWake() {
+				// The daemon's ring loop was asleep: its thread may be
+				// queued on this CPU, behind us.
+				shm.Yield()
+			}
 			continue
 		}
 		if cn.isDead() {
