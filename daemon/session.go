@@ -134,6 +134,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		log:    log.With("session", id, "namespace", nsID, "client", h.Name),
 		region: region, ring: ring, data: ring.Data(),
 		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
+		pacer:  shm.Pacer{Yielding: true}, // spin only while the CPU is otherwise idle
 		stopCh: make(chan struct{}), res: map[uint64]*tiers.Handle{}, leases: map[uint64]*tiers.Handle{},
 		deferred: make(chan deferredCQE, layout.Entries),
 		pending:  map[tiers.Key]policy.AccessInfo{},

@@ -38,6 +38,13 @@ type Spinner struct {
 // client connection); the zero value yields at every pause. Safe for
 // concurrent use.
 type Pacer struct {
+	// Yielding stops the spin as soon as a sched_yield let another thread
+	// run: the CPU is not idle, and a spinner that yields again and again
+	// sinks in the kernel's order (each sched_yield pushes its deadline a
+	// slice further), so it would answer late; sleeping on the futex gives
+	// the CPU away and is woken with a fresh slice.
+	Yielding bool
+
 	goEvery, osEvery atomic.Uint32
 }
 
@@ -89,7 +96,12 @@ func (s *Spinner) Pause() bool {
 	if yieldDue(&s.p.osEvery, k) {
 		osYield()
 		t := time.Now()
-		learn(&s.p.osEvery, t.Sub(now) < osYieldFast)
+		idle := t.Sub(now) < osYieldFast
+		learn(&s.p.osEvery, idle)
+		if !idle && s.p.Yielding {
+			s.left = 0
+			return false
+		}
 		now = t
 	}
 	s.last = now

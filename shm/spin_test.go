@@ -9,8 +9,8 @@ import (
 // within the wall-clock cap.
 func TestSpinnerBudget(t *testing.T) {
 	const budget = 200 * time.Microsecond
-	var p Pacer
-	for range 3 {
+	for i := range 6 {
+		p := Pacer{Yielding: i%2 == 1}
 		var s Spinner
 		t0 := time.Now()
 		s.Reset(budget, &p)
@@ -19,7 +19,7 @@ func TestSpinnerBudget(t *testing.T) {
 			n++
 		}
 		el := time.Since(t0)
-		if el < budget {
+		if el < budget && !p.Yielding { // a Yielding spin may stop early
 			t.Fatalf("gave up after %v (%d polls), budget %v", el, n, budget)
 		}
 		// The cap plus slack for a descheduled test process.
