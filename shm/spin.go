@@ -31,6 +31,7 @@ type Spinner struct {
 	last  time.Time     // end of the last yield
 	until time.Time     // wall-clock cap
 	n     uint32
+	busy  int // yields that let another thread run
 }
 
 // Pacer is the yield pacing a Spinner learns: how many pauses pass between
@@ -99,8 +100,11 @@ func (s *Spinner) Pause() bool {
 		idle := t.Sub(now) < osYieldFast
 		learn(&s.p.osEvery, idle)
 		if !idle && s.p.Yielding {
-			s.left = 0
-			return false
+			// Twice: a kernel thread passing through is no contention.
+			if s.busy++; s.busy >= 2 {
+				s.left = 0
+				return false
+			}
 		}
 		now = t
 	}
