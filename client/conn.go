@@ -423,11 +423,7 @@ func (cn *conn) push(es []shm.SQE) error {
 		n := cn.ring.ClientPush(es)
 		es = es[n:]
 		if n > 0 {
-			if cn.ring.ClientWake() {
-				// The daemon's ring loop was asleep: its thread may be
-				// queued on this CPU, behind us.
-				shm.Yield()
-			}
+			cn.ring.ClientWake()
 			continue
 		}
 		if cn.isDead() {

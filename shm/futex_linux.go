@@ -30,7 +30,3 @@ func futexWakeAll(addr *atomic.Uint32) {
 // osYield gives the CPU to another runnable thread queued on it, if any
 // (raw: it returns at once when there is none, and the P stays ours).
 func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
-
-// Yield gives this CPU to another thread queued on it, if any: call it
-// after waking the peer, which may have been queued behind the caller.
-func Yield() { osYield() }

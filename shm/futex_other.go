@@ -3,7 +3,6 @@
 package shm
 
 import (
-	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -39,6 +38,3 @@ func futexWakeAll(*atomic.Uint32) {}
 
 // osYield: Gosched already yielded what this platform lets us yield.
 func osYield() {}
-
-// Yield gives this CPU to another thread queued on it, if any.
-func Yield() { runtime.Gosched() }

@@ -155,15 +155,12 @@ func (r *Ring) ClientPush(es []SQE) int {
 	return n
 }
 
-// ClientWake rings the daemon's doorbell if it went to sleep and reports
-// whether it did.
-func (r *Ring) ClientWake() bool {
+// ClientWake rings the daemon's doorbell if it went to sleep.
+func (r *Ring) ClientWake() {
 	if r.sqSleep.Load() != 0 {
 		r.sqSeq.Add(1)
 		futexWakeAll(r.sqSeq)
-		return true
 	}
-	return false
 }
 
 // ClientPop moves up to len(dst) completions out of the completion ring.
