@@ -56,6 +56,7 @@ type conn struct {
 	gpuSize    uint64
 	hostPinned bool
 	spin       time.Duration
+	pacer      shm.Pacer // await's yield pacing, shared by the callers
 
 	sqMu sync.Mutex
 
@@ -69,12 +70,20 @@ type conn struct {
 	// doorbell), so the fast path needs no thread hand-off.
 	sleepers atomic.Int32
 	kick     chan struct{}
-	// orphans counts entries in flight whose completion no caller waits
-	// for (releases, undo entries, abandoned calls). The reaper drains the
-	// completion ring for them too: left there, they would fill it, and the
-	// daemon stops taking submissions (those releases and undos included)
-	// while the completion ring is full.
-	orphans atomic.Int64
+	// orphans counts fire-and-forget entries in flight (releases, undo
+	// entries): no caller waits for their completions. Left in the
+	// completion ring they would fill it, and the daemon stops taking
+	// submissions (those releases and undos included) while it is full, so
+	// the reaper drains them once there are more than orphanLimit; below
+	// that, callers polling for their own completions drain them for free
+	// (waking the reaper per release costs a thread wake-up and makes the
+	// daemon ring the futex on every completion).
+	orphans     atomic.Int64
+	orphanLimit int64
+	// abandoned counts calls whose callers gave up (context): their late
+	// hooks free data-area pages other calls may wait for, so the reaper
+	// drains them at once.
+	abandoned atomic.Int64
 
 	pmu     sync.Mutex
 	pending map[uint64]*call
@@ -133,7 +142,7 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 	}
 	cn := &conn{
 		s: s, sock: uc, welcome: w, arena: arena, ringReg: ringReg, ring: ring, mem: arena.Bytes(),
-		spin: s.c.opts.Spin, pending: map[uint64]*call{},
+		spin: s.c.opts.Spin, pending: map[uint64]*call{}, orphanLimit: int64(w.Ring.Entries / 4),
 		kick:   make(chan struct{}, 1),
 		deadCh: make(chan struct{}), reaperDone: make(chan struct{}), readerDone: make(chan struct{}),
 	}
@@ -257,7 +266,7 @@ func (cn *conn) reaper() {
 		cn.unref()
 	}()
 	for {
-		if cn.sleepers.Load() == 0 && cn.orphans.Load() <= 0 {
+		if cn.sleepers.Load() == 0 && cn.abandoned.Load() <= 0 && cn.orphans.Load() <= cn.orphanLimit {
 			select {
 			case <-cn.kick:
 			case <-cn.deadCh:
@@ -292,8 +301,11 @@ func (cn *conn) poll() bool {
 // await waits for one call: it polls the completion ring itself for the
 // spin budget (no hand-off to another thread, whose wake-up costs tens of
 // microseconds on virtual machines), then sleeps with the reaper's help.
+// The spinner yields to the session's other callers and to the daemon, and
+// counts only its own polling against the budget (see shm.Spinner).
 func (cn *conn) await(ctx context.Context, c *call) error {
-	deadline := time.Now().Add(cn.spin)
+	var sp shm.Spinner
+	sp.Reset(cn.spin, &cn.pacer)
 	for i := 0; ; i++ {
 		select {
 		case <-c.done:
@@ -307,18 +319,14 @@ func (cn *conn) await(ctx context.Context, c *call) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if time.Now().After(deadline) {
-				break
-			}
-			runtime.Gosched()
+		}
+		if !sp.Pause() {
+			break
 		}
 	}
 	cn.sleepers.Add(1)
 	defer cn.sleepers.Add(-1)
-	select {
-	case cn.kick <- struct{}{}:
-	default:
-	}
+	cn.kickReaper()
 	select {
 	case <-c.done:
 		return nil
@@ -342,7 +350,7 @@ func (cn *conn) complete(cqes []shm.CQE) {
 		}
 		delete(cn.pending, ud)
 		if c.abandoned {
-			cn.orphans.Add(-1)
+			cn.abandoned.Add(-1)
 			// The caller left (context); undo what the daemon granted so
 			// nothing stays pinned until the session ends.
 			if u, ok := undoOf(c.op, &cqes[i]); ok {
@@ -391,10 +399,15 @@ func (cn *conn) pushAsync(es []shm.SQE) {
 	}()
 }
 
-// addOrphans accounts for n entries nobody will wait for and makes sure
-// the reaper drains their completions.
+// addOrphans accounts for n fire-and-forget entries and wakes the reaper
+// when their completions must be drained.
 func (cn *conn) addOrphans(n int) {
-	cn.orphans.Add(int64(n))
+	if cn.orphans.Add(int64(n)) > cn.orphanLimit {
+		cn.kickReaper()
+	}
+}
+
+func (cn *conn) kickReaper() {
 	select {
 	case cn.kick <- struct{}{}:
 	default:
@@ -510,7 +523,10 @@ func (cn *conn) abandon(es []shm.SQE, calls []*call, late func()) bool {
 		}
 	}
 	cn.pushAsync(undo)
-	cn.addOrphans(len(waiting))
+	if len(waiting) > 0 {
+		cn.abandoned.Add(int64(len(waiting)))
+		cn.kickReaper()
+	}
 	if late == nil || len(waiting) == 0 {
 		return false
 	}

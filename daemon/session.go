@@ -41,6 +41,7 @@ type session struct {
 	ring   *shm.Ring
 	data   []byte // the ring region's data area (peer-writable)
 	spin   time.Duration
+	pacer  shm.Pacer // the ring loop's yield pacing, kept across waits
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -133,6 +134,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		log:    log.With("session", id, "namespace", nsID, "client", h.Name),
 		region: region, ring: ring, data: ring.Data(),
 		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
+		pacer:  shm.Pacer{Yielding: true}, // spin only while the CPU is otherwise idle
 		stopCh: make(chan struct{}), res: map[uint64]*tiers.Handle{}, leases: map[uint64]*tiers.Handle{},
 		deferred: make(chan deferredCQE, layout.Entries),
 		pending:  map[tiers.Key]policy.AccessInfo{},
@@ -312,7 +314,7 @@ func (s *session) loop() error {
 			if s.d.spinners.Add(1) <= s.d.maxSpinners {
 				spin = s.spin
 			}
-			s.ring.DaemonWait(spin, sleepBound)
+			s.ring.DaemonWaitPaced(spin, &s.pacer, sleepBound)
 			s.d.spinners.Add(-1)
 			continue
 		}

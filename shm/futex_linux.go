@@ -26,3 +26,7 @@ func futexWaitOn(addr *atomic.Uint32, val uint32, d time.Duration) {
 func futexWakeAll(addr *atomic.Uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake, 1<<30, 0, 0, 0)
 }
+
+// osYield gives the CPU to another runnable thread queued on it, if any
+// (raw: it returns at once when there is none, and the P stays ours).
+func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -187,7 +186,7 @@ func (r *Ring) ClientPending() bool { return r.cqTail.Load() != r.cqHead.Load() 
 // ClientWait blocks until a completion may be available or d passes. It
 // spins for spin first, then sleeps on the completion futex.
 func (r *Ring) ClientWait(spin, d time.Duration) {
-	waitOn(r.ClientPending, r.cqSleep, r.cqSeq, spin, d)
+	waitOn(r.ClientPending, r.cqSleep, r.cqSeq, spin, nil, d)
 }
 
 // ClientInterrupt wakes a ClientWait in this process (used at close).
@@ -245,7 +244,13 @@ func (r *Ring) DaemonPending() bool { return r.sqTail.Load() != r.localSQ }
 
 // DaemonWait blocks until submissions may be available or d passes.
 func (r *Ring) DaemonWait(spin, d time.Duration) {
-	waitOn(r.DaemonPending, r.sqSleep, r.sqSeq, spin, d)
+	waitOn(r.DaemonPending, r.sqSleep, r.sqSeq, spin, nil, d)
+}
+
+// DaemonWaitPaced is DaemonWait with a Pacer kept across waits (see
+// Spinner).
+func (r *Ring) DaemonWaitPaced(spin time.Duration, p *Pacer, d time.Duration) {
+	waitOn(r.DaemonPending, r.sqSleep, r.sqSeq, spin, p, d)
 }
 
 // DaemonInterrupt wakes a DaemonWait (used to stop a session).
@@ -259,23 +264,16 @@ func (r *Ring) DaemonInterrupt() {
 // reads the sleep flag; with sequentially consistent atomics on both sides a
 // wake-up cannot be lost. Sleeps are bounded by d because the peer is not
 // trusted to ring at all.
-func waitOn(ready func() bool, sleep, seq *atomic.Uint32, spin, d time.Duration) {
+func waitOn(ready func() bool, sleep, seq *atomic.Uint32, spin time.Duration, p *Pacer, d time.Duration) {
 	if ready() {
 		return
 	}
 	if spin > 0 {
-		deadline := time.Now().Add(spin)
-		for i := 0; ; i++ {
+		var sp Spinner
+		sp.Reset(spin, p)
+		for sp.Pause() {
 			if ready() {
 				return
-			}
-			if i&63 == 63 {
-				if time.Now().After(deadline) {
-					break
-				}
-				// Two cores are shared by the daemon, the client and the
-				// caller waiting on us: give them the CPU while spinning.
-				runtime.Gosched()
 			}
 		}
 	}

@@ -1,0 +1,64 @@
+package shm
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSpinnerBudget: an unanswered spin gives up after its budget and
+// within the wall-clock cap.
+func TestSpinnerBudget(t *testing.T) {
+	const budget = 200 * time.Microsecond
+	for i := range 6 {
+		p := Pacer{Yielding: i%2 == 1}
+		var s Spinner
+		t0 := time.Now()
+		s.Reset(budget, &p)
+		n := 0
+		for s.Pause() {
+			n++
+		}
+		el := time.Since(t0)
+		if el < budget && !p.Yielding { // a Yielding spin may stop early
+			t.Fatalf("gave up after %v (%d polls), budget %v", el, n, budget)
+		}
+		// The cap plus slack for a descheduled test process.
+		if limit := spinWallFactor*budget + 100*time.Millisecond; el > limit {
+			t.Fatalf("spun %v, cap %v", el, limit)
+		}
+		if s.Pause() {
+			t.Fatal("Pause true after the budget was spent")
+		}
+	}
+}
+
+// TestSpinnerZero: a zero budget never spins.
+func TestSpinnerZero(t *testing.T) {
+	var s Spinner
+	s.Reset(0, nil)
+	if s.Pause() {
+		t.Fatal("Pause true with a zero budget")
+	}
+}
+
+// TestPacerLearn: idle yields back off up to the cap; a used one resets.
+func TestPacerLearn(t *testing.T) {
+	var p Pacer
+	want := []uint32{2, 4, 8, 16, 32, 64, 64}
+	for i, w := range want {
+		learn(&p.osEvery, true)
+		if got := p.osEvery.Load(); got != w {
+			t.Fatalf("step %d: every %d, want %d", i, got, w)
+		}
+	}
+	if !yieldDue(&p.osEvery, 128) || yieldDue(&p.osEvery, 65) {
+		t.Fatal("yieldDue ignores the interval")
+	}
+	learn(&p.osEvery, false)
+	if got := p.osEvery.Load(); got != 1 {
+		t.Fatalf("after a used yield every %d, want 1", got)
+	}
+	if !yieldDue(&p.goEvery, 1) {
+		t.Fatal("zero Pacer must yield at every pause")
+	}
+}
