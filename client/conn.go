@@ -545,8 +545,8 @@ func (cn *conn) abandon(es []shm.SQE, calls []*call, late func()) bool {
 // the daemon's offset lies inside the mapping.
 func (cn *conn) slot(c *shm.CQE) ([]byte, error) {
 	size := cn.welcome.BlockBytes
-	if c.Offset > uint64(len(cn.mem)) || size > uint64(len(cn.mem))-c.Offset {
-		return nil, fmt.Errorf("%w: daemon returned slot [%d,+%d) outside the %d-byte arena", shm.ErrMalformed, c.Offset, size, len(cn.mem))
+	if err := shm.CheckSlot(c.Offset, size, uint64(len(cn.mem))); err != nil {
+		return nil, fmt.Errorf("host slot: %w", err)
 	}
 	return cn.mem[c.Offset : c.Offset+size : c.Offset+size], nil
 }

@@ -1,8 +1,8 @@
 package policy
 
 // ReuseOracle is an offline bound, not a policy for the daemon: it knows for
-// every reference whether the block will be referenced again within horizon
-// references (horizon ≤ 0: ever), but not when. It refuses such dead blocks
+// every reference whether the block will ever be referenced again, but not
+// when. It refuses such dead blocks
 // at admission, evicts a resident block as soon as it is known dead, and
 // otherwise evicts like Chain (least recently used leaf, orphans refused).
 //
@@ -16,13 +16,12 @@ package policy
 // Like Belady it must be driven by (*Workload).Simulate on the workload it
 // was built for.
 type ReuseOracle struct {
-	w       *Workload
-	horizon int32
-	cur     int
-	c       *Chain
-	dead    map[Key]uint64 // resident blocks with no reuse ahead → death sequence
-	deadQ   []deadItem     // in order of death; stale items skipped lazily
-	seq     uint64
+	w     *Workload
+	cur   int
+	c     *Chain
+	dead  map[Key]uint64 // resident blocks with no reuse ahead → death sequence
+	deadQ []deadItem     // in order of death; stale items skipped lazily
+	seq   uint64
 }
 
 type deadItem struct {
@@ -30,13 +29,9 @@ type deadItem struct {
 	seq uint64
 }
 
-// NewReuseOracle returns the oracle for w; horizon ≤ 0 means "referenced
-// again at all".
-func NewReuseOracle(w *Workload, horizon int) *ReuseOracle {
-	if horizon <= 0 || horizon > int(noNext) {
-		horizon = int(noNext)
-	}
-	return &ReuseOracle{w: w, horizon: int32(horizon), c: NewChain(0), dead: make(map[Key]uint64)}
+// NewReuseOracle returns the oracle for w.
+func NewReuseOracle(w *Workload) *ReuseOracle {
+	return &ReuseOracle{w: w, c: NewChain(0), dead: make(map[Key]uint64)}
 }
 
 // Name implements Policy.
@@ -48,8 +43,7 @@ func (p *ReuseOracle) step(k Key) bool {
 	if p.cur >= len(p.w.keys) || p.w.keys[p.cur] != k {
 		panic("policy: ReuseOracle driven out of order; use (*Workload).Simulate on the workload it was built for")
 	}
-	nx := p.w.next[p.cur]
-	dead := nx == noNext || nx-int32(p.cur) > p.horizon
+	dead := p.w.next[p.cur] == noNext
 	p.cur++
 	return dead
 }

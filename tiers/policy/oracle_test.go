@@ -18,7 +18,7 @@ func TestReuseOracleRefusesDeadBlocks(t *testing.T) {
 		{HashIDs: []int64{1}},
 	}
 	w := Compile(reqs)
-	r := w.Simulate(2, NewReuseOracle(w, 0))
+	r := w.Simulate(2, NewReuseOracle(w))
 	if r.Hits != 3 { // 1,2 in request 2; 1 in request 4
 		t.Errorf("hits %d, want 3", r.Hits)
 	}
@@ -38,7 +38,7 @@ func TestReuseOracleBound(t *testing.T) {
 	for _, n := range []int{2000, 10000} {
 		lru := w.Simulate(n, NewLRU()).HitRatio()
 		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
-		or := w.Simulate(n, NewReuseOracle(w, 0)).HitRatio()
+		or := w.Simulate(n, NewReuseOracle(w)).HitRatio()
 		chain := w.Simulate(n, NewChain(n)).HitRatio()
 		t.Logf("N=%d: LRU %.4f, reuse oracle %.4f (%.1f%% of the gap), Belady %.4f", n, lru, or, 100*gapFrac(or, lru, bel), bel)
 		if or < chain || or > bel {

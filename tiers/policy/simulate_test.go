@@ -205,7 +205,7 @@ func TestSweep(t *testing.T) {
 		}
 		sb.WriteString("| reuse oracle (offline) |")
 		for i, n := range c.sizes {
-			h := c.w.Simulate(n, NewReuseOracle(c.w, 0)).HitRatio()
+			h := c.w.Simulate(n, NewReuseOracle(c.w)).HitRatio()
 			if g := gapFrac(h, lru[i], bel[i]); math.IsNaN(g) {
 				fmt.Fprintf(&sb, " %.3f (—) |", h)
 			} else {
