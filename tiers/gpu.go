@@ -503,7 +503,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			if hd, ok := host.Acquire(k); ok {
 				return hd, true
 			}
-			gs.startMove(k, host, done, func() (*Host, *Handle, error) { return host, nil, gs.copyToHost(src, k, size) })
+			gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 			return nil, true
 		}
 		if host.Contains(k) {
@@ -527,7 +527,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 	}
 	if j := gs.holder(k, -1); j >= 0 {
 		src := gs.GPUs[j]
-		gs.startMove(k, host, done, func() (*Host, *Handle, error) { return host, nil, gs.copyToHost(src, k, size) })
+		gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 		return nil, true
 	}
 	return gs.Chain.Acquire(k, size, done)
@@ -643,7 +643,7 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, *Handle, err
 		if hd, ok := dst.Slots.Pin(k); ok {
 			return dst.Slots, hd, nil
 		}
-		return gs.Chain.Host, nil, gs.copyToHostAny(k, size)
+		return gs.viaHostAny(k, size)
 	}
 	to, err := dst.Slots.Reserve(k, from.Size)
 	if errors.Is(err, ErrExists) {
@@ -651,11 +651,11 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, *Handle, err
 		if hd, ok := dst.Slots.Pin(k); ok {
 			return dst.Slots, hd, nil
 		}
-		return gs.Chain.Host, nil, gs.copyToHostAny(k, size)
+		return gs.viaHostAny(k, size)
 	}
 	if err != nil {
 		src.Slots.Unpin(from, false)
-		return gs.Chain.Host, nil, gs.copyToHost(src, k, size)
+		return gs.viaHost(src, k, size)
 	}
 	err = src.run(func(s cudaipc.Stream) error {
 		return src.Dev.CopyPeerAsync(dst.ptr(to.Offset), dst.Dev, src.ptr(from.Offset), from.Size, s)
@@ -666,7 +666,7 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, *Handle, err
 		gs.copyErrors.Add(1)
 		gs.peer.errors.Add(1)
 		gs.log.Warn("peer copy failed; going through the host tier", "from", src.Index, "to", dst.Index, "err", err)
-		return gs.Chain.Host, nil, gs.copyToHost(src, k, size)
+		return gs.viaHost(src, k, size)
 	}
 	if err := gs.commitCopy(tok, dst.Slots, to, true); err != nil {
 		src.Slots.Unpin(from, false)
@@ -682,42 +682,51 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, *Handle, err
 	return dst.Slots, to, nil
 }
 
-func (gs *GPUSet) copyToHostAny(k Key, size int64) error {
+// viaHostAny serves k through the host tier, copying it D2H from whichever
+// GPU holds it; see viaHost.
+func (gs *GPUSet) viaHostAny(k Key, size int64) (*Host, *Handle, error) {
 	if j := gs.holder(k, -1); j >= 0 {
-		return gs.copyToHost(gs.GPUs[j], k, size)
+		return gs.viaHost(gs.GPUs[j], k, size)
 	}
-	if gs.Chain.Host.Contains(k) {
-		return nil
+	if hd, ok := gs.Chain.Host.Pin(k); ok {
+		return gs.Chain.Host, hd, nil
 	}
-	return fmt.Errorf("%w: %s is gone", ErrGPUCopy, k.Hash)
+	return nil, nil, fmt.Errorf("%w: %s is gone", ErrGPUCopy, k.Hash)
 }
 
-// copyToHost makes sure the host tier holds k, copying it D2H from GPU g into
-// the pinned host arena. The GPU copy stays.
-func (gs *GPUSet) copyToHost(g *GPU, k Key, size int64) error {
+// viaHost makes sure the host tier holds k, copying it D2H from GPU g into
+// the pinned host arena (the GPU copy stays), and returns the host copy
+// pinned for startMove: committed unpinned, the host → NVMe mover could take
+// the fresh copy before the waiters hold their leases, and a cached block
+// would be answered as a miss.
+func (gs *GPUSet) viaHost(g *GPU, k Key, size int64) (*Host, *Handle, error) {
+	host := gs.Chain.Host
 	src, ok := g.Slots.Pin(k)
 	if !ok {
-		if gs.Chain.Host.Contains(k) {
-			return nil
+		if hd, ok := host.Pin(k); ok {
+			return host, hd, nil
 		}
-		return fmt.Errorf("%w: %s left GPU %d before its copy", ErrGPUCopy, k.Hash, g.Index)
+		return nil, nil, fmt.Errorf("%w: %s left GPU %d before its copy", ErrGPUCopy, k.Hash, g.Index)
 	}
 	defer g.Slots.Unpin(src, false)
-	if err := gs.writeDown(g, src); err != nil {
-		return err
+	held, err := gs.writeDown(g, src, true)
+	if err != nil {
+		return nil, nil, err
 	}
 	gs.toHost.Add(1)
-	return nil
+	return host, held, nil
 }
 
 // writeDown copies the pinned GPU block hd into the host tier (a no-op when
-// the host tier already holds it).
-func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
+// the host tier already holds it). With pin it returns the host copy pinned
+// (nil when the host's copy is not committed yet: someone else is writing
+// it); without, nil.
+func (gs *GPUSet) writeDown(g *GPU, hd *Handle, pin bool) (*Handle, error) {
 	c := gs.Chain
 	tok := gs.track(hd.Key)
 	defer gs.untrack(hd.Key, tok)
 	if g.Slots.Deleted(hd) {
-		return fmt.Errorf("%w: %s %w", ErrGPUCopy, hd.Key.Hash, errDeleted)
+		return nil, fmt.Errorf("%w: %s %w", ErrGPUCopy, hd.Key.Hash, errDeleted)
 	}
 	start := time.Now()
 	if c.NVMe != nil {
@@ -725,23 +734,28 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
 	}
 	dst, err := c.Host.Reserve(hd.Key, hd.Size)
 	if errors.Is(err, ErrExists) {
-		return nil
+		if pin {
+			if held, ok := c.Host.Pin(hd.Key); ok {
+				return held, nil
+			}
+		}
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("%w: reserve host slot: %v", ErrGPUCopy, err)
+		return nil, fmt.Errorf("%w: reserve host slot: %v", ErrGPUCopy, err)
 	}
 	err = g.run(func(s cudaipc.Stream) error { return g.Dev.CopyDtoHAsync(c.Host.Bytes(dst), g.ptr(hd.Offset), s) })
 	if err != nil {
 		c.Host.Abort(dst)
 		gs.copyErrors.Add(1)
 		gs.down.errors.Add(1)
-		return fmt.Errorf("%w: gpu %d → host: %v", ErrGPUCopy, g.Index, err)
+		return nil, fmt.Errorf("%w: gpu %d → host: %v", ErrGPUCopy, g.Index, err)
 	}
-	if err := gs.commitCopy(tok, c.Host, dst, false); err != nil {
+	if err := gs.commitCopy(tok, c.Host, dst, pin); err != nil {
 		if errors.Is(err, errDeleted) {
-			return err
+			return nil, err
 		}
-		return fmt.Errorf("%w: %v", ErrGPUCopy, err)
+		return nil, fmt.Errorf("%w: %v", ErrGPUCopy, err)
 	}
 	gs.down.done(dst.Size, start)
 	if dst.Key.Parked() {
@@ -750,7 +764,10 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle) error {
 		c.Inserted(dst.Key, policy.AccessInfo{})
 	}
 	c.Committed()
-	return nil
+	if pin {
+		return dst, nil
+	}
+	return nil, nil
 }
 
 // demoteLoop keeps GPU g under its high watermark by moving its coldest
@@ -792,7 +809,7 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 // tier and returns how many left the GPU and how many copies failed.
 func (gs *GPUSet) demoteBatch(g *GPU, n int) (moved, failed int) {
 	for _, hd := range g.Slots.PinColdest(n, nil) {
-		if err := gs.writeDown(g, hd); err != nil {
+		if _, err := gs.writeDown(g, hd, false); err != nil {
 			if !errors.Is(err, errDeleted) {
 				failed++
 				gs.log.Warn("demotion gpu → host failed", "gpu", g.Index, "err", err)

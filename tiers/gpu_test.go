@@ -601,6 +601,25 @@ func TestGPUMoveCommitsPinned(t *testing.T) {
 			r.put(t, k, 0)
 			return r.gs.migrate(r.gs.GPUs[0], r.gs.GPUs[1], k, gpuBlock)
 		}, func(r *gpuRig) *Host { return r.gs.GPUs[1].Slots }},
+		// A reader that wants host memory gets a D2H copy; the host →
+		// NVMe mover picks unleased host blocks the same way.
+		{"copy to host", func(r *gpuRig, k Key) (*Host, *Handle, error) {
+			r.put(t, k, 0)
+			return r.gs.viaHost(r.gs.GPUs[0], k, gpuBlock)
+		}, func(r *gpuRig) *Host { return r.h }},
+		{"copy to host, already there", func(r *gpuRig, k Key) (*Host, *Handle, error) {
+			r.put(t, k, 0)
+			if _, _, err := r.gs.viaHost(r.gs.GPUs[0], k, gpuBlock); err != nil {
+				return nil, nil, err
+			}
+			hd, ok := r.h.Pin(k)
+			if !ok {
+				return nil, nil, errors.New("first copy not in the host tier")
+			}
+			r.h.Unpin(hd, false) // the first mover's pin
+			r.h.Unpin(hd, false)
+			return r.gs.viaHostAny(k, gpuBlock)
+		}, func(r *gpuRig) *Host { return r.h }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
