@@ -42,6 +42,8 @@ type session struct {
 	data   []byte // the ring region's data area (peer-writable)
 	spin   time.Duration
 	pacer  shm.Pacer // the ring loop's yield pacing, kept across waits
+	// granted: the last entry taken was a reservation or a lease.
+	granted bool
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -308,17 +310,33 @@ func (s *session) loop() error {
 			return err
 		}
 		if n == 0 {
+			// Unless the client is busy with a block it was just given,
+			// its next entry may be a poll away: catching it here saves
+			// the client a doorbell and us a sleep, and teaches the pacer
+			// whether the session is hot.
+			if s.spin > 0 && !s.granted && s.ring.DaemonPollQuick(&s.pacer) {
+				continue
+			}
 			// Spinning sessions are capped to half the CPUs so that many
-			// idle-but-recent sessions cannot starve the clients.
+			// idle-but-recent sessions cannot starve the clients; a hot
+			// session (its client answers at once, see shm.Pacer.Hot) is
+			// not idle, and each sleep would cost it a wake-up per round
+			// trip, so it may always spin (still yielding to others).
 			spin := time.Duration(0)
-			if s.d.spinners.Add(1) <= s.d.maxSpinners {
+			capped := s.granted || !s.pacer.Hot()
+			if !capped || s.d.spinners.Add(1) <= s.d.maxSpinners {
 				spin = s.spin
 			}
 			s.ring.DaemonWaitPaced(spin, &s.pacer, sleepBound)
-			s.d.spinners.Add(-1)
+			if capped {
+				s.d.spinners.Add(-1)
+			}
 			continue
 		}
 		m := 0
+		// A reservation or lease is followed by the client's copy of the
+		// block: no quick answer is coming (see the wait above).
+		s.granted = sqes[n-1].Op == shm.OpReserve || sqes[n-1].Op == shm.OpAcquire
 		for i := 0; i < n; i++ {
 			t0 := time.Now()
 			later, err := s.dispatch(&sqes[i], &cqes[m])

@@ -253,6 +253,10 @@ func (r *Ring) DaemonWaitPaced(spin time.Duration, p *Pacer, d time.Duration) {
 	waitOn(r.DaemonPending, r.sqSleep, r.sqSeq, spin, p, d)
 }
 
+// DaemonPollQuick polls the submission ring briefly (see Pacer.Hot) and
+// reports whether entries arrived; p learns from the outcome.
+func (r *Ring) DaemonPollQuick(p *Pacer) bool { return p.pollQuick(r.DaemonPending) }
+
 // DaemonInterrupt wakes a DaemonWait (used to stop a session).
 func (r *Ring) DaemonInterrupt() {
 	r.sqSeq.Add(1)

@@ -47,6 +47,54 @@ type Pacer struct {
 	Yielding bool
 
 	goEvery, osEvery atomic.Uint32
+	// quick is a moving average (out of quickOne) of how many waits the
+	// peer answered within quickWindow; see Hot.
+	quick atomic.Uint32
+}
+
+const (
+	// quickWindow: a wait answered this fast is part of a back-to-back
+	// exchange (the peer is polling for our answer and submits again at
+	// once). It is well below a futex wake-up, which costs 5-50 µs on
+	// virtual machines.
+	quickWindow = 4 * time.Microsecond
+	quickOne    = 1 << 10
+	quickShift  = 3 // moving average over ~8 waits
+	// A waiter is hot when 3 of 4 recent waits were quick.
+	hotLevel = quickOne * 3 / 4
+)
+
+// Hot reports whether the peer has recently answered almost every wait
+// within quickWindow: a chatty exchange of small requests (lookups, say), in
+// which polling costs little CPU and each sleep would add a wake-up to
+// every round trip. A peer that works between requests (copies a block)
+// answers half of the waits slowly or more and is not hot.
+func (p *Pacer) Hot() bool { return p.quick.Load() >= hotLevel }
+
+// observeQuick folds one wait's outcome into the moving average.
+func (p *Pacer) observeQuick(quick bool) {
+	q := p.quick.Load()
+	q -= q >> quickShift
+	if quick {
+		q += quickOne >> quickShift
+	}
+	p.quick.Store(q)
+}
+
+// pollQuick polls ready for up to quickWindow and records whether it came
+// true within it.
+func (p *Pacer) pollQuick(ready func() bool) bool {
+	t0 := time.Now()
+	for i := 1; ; i++ {
+		if ready() {
+			p.observeQuick(true)
+			return true
+		}
+		if i%8 == 0 && time.Since(t0) >= quickWindow {
+			p.observeQuick(false)
+			return false
+		}
+	}
 }
 
 const (

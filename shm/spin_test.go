@@ -62,3 +62,51 @@ func TestPacerLearn(t *testing.T) {
 		t.Fatal("zero Pacer must yield at every pause")
 	}
 }
+
+// TestPacerHot: a waiter whose peer answers almost every wait within the
+// quick window becomes hot; a few slow waits (the peer went to copy a block,
+// or went idle) cool it again.
+func TestPacerHot(t *testing.T) {
+	var p Pacer
+	if p.Hot() {
+		t.Fatal("zero Pacer is hot")
+	}
+	for range 16 {
+		p.observeQuick(true)
+	}
+	if !p.Hot() {
+		t.Fatalf("not hot after 16 quick waits (level %d)", p.quick.Load())
+	}
+	// Alternating quick and slow waits (a client copying a block after every
+	// other request) never make a cold pacer hot.
+	var q Pacer
+	for i := range 64 {
+		q.observeQuick(i%2 == 0)
+		if q.Hot() {
+			t.Fatalf("hot after %d alternating waits (level %d)", i+1, q.quick.Load())
+		}
+	}
+	n := 0
+	for p.Hot() {
+		p.observeQuick(false)
+		n++
+	}
+	if n > 3 {
+		t.Fatalf("still hot after %d slow waits", n-1)
+	}
+}
+
+func TestPollQuick(t *testing.T) {
+	var p Pacer
+	calls := 0
+	if !p.pollQuick(func() bool { calls++; return calls == 3 }) {
+		t.Fatal("pollQuick missed an entry that arrived on the third poll")
+	}
+	t0 := time.Now()
+	if p.pollQuick(func() bool { return false }) {
+		t.Fatal("pollQuick reported an entry that never came")
+	}
+	if el := time.Since(t0); el < quickWindow {
+		t.Fatalf("gave up after %v, window %v", el, quickWindow)
+	}
+}

@@ -52,6 +52,7 @@ func main() {
 	warm := flag.Duration("warmup", time.Second, "unmeasured time before each run")
 	keys := flag.Int("keys", 256, "live working set in blocks (split over the workers)")
 	rounds := flag.Int("rounds", 1, "repeat every (concurrency, side) run this many times, interleaved; the median is reported")
+	sideList := flag.String("sides", "redis,kvtier,kvtier-zc", "comma-separated sides to run (the ratio needs redis)")
 	flag.Parse()
 	if *redisSock == "" || *kvSock == "" {
 		fmt.Fprintln(os.Stderr, "usage: redisbench -redis SOCK -kvtier SOCK [flags]")
@@ -73,7 +74,12 @@ func main() {
 	defer kc.Close()
 	cfg := config{block: *block, dur: *dur, warm: *warm, keys: *keys, redis: *redisSock, kv: kc}
 
-	sides := []string{"redis", "kvtier", "kvtier-zc"}
+	sides := strings.Split(*sideList, ",")
+	for _, sd := range sides {
+		if sd != "redis" && sd != "kvtier" && sd != "kvtier-zc" {
+			fatal(fmt.Errorf("unknown side %q in -sides", sd))
+		}
+	}
 	type key struct {
 		side string
 		conc int
@@ -95,11 +101,18 @@ func main() {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "workers\tside\tpairs/s\tGB/s\tstore p50\tfetch p50\tstore p99\tfetch p99\tvs redis\t")
 	for _, c := range cs {
-		red := median(all[key{"redis", c}]).gbps
+		red := 0.0
+		if rs := all[key{"redis", c}]; len(rs) > 0 {
+			red = median(rs).gbps
+		}
 		for _, side := range sides {
 			r := median(all[key{side, c}])
-			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%v\t%v\t%v\t%v\t%.2f×\t\n", c, side, r.pairs, r.gbps,
-				r.putP50, r.getP50, r.putP99, r.getP99, r.gbps/red)
+			ratio := "—"
+			if red > 0 {
+				ratio = fmt.Sprintf("%.2f×", r.gbps/red)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.2f\t%v\t%v\t%v\t%v\t%s\t\n", c, side, r.pairs, r.gbps,
+				r.putP50, r.getP50, r.putP99, r.getP99, ratio)
 		}
 	}
 	tw.Flush()
