@@ -108,6 +108,7 @@ var factories = map[string]Factory{
 	"chain":   func(c int) Policy { return NewChain(c) },
 	"hyper":   func(c int) Policy { return NewHyper() },
 	"density": func(c int) Policy { return NewDensity(c) },
+	"lrb":     func(c int) Policy { return NewLRB(c) },
 }
 
 // Default is the name of the default policy: hit density with a keys-only
