@@ -75,9 +75,6 @@ type LRB struct {
 	sc      gbmScratch
 	prm     gbmParams
 	edcH    [lEDC]float64 // half-lives in references
-	fromRes bool          // experiments: draw training samples from resident leaves
-	protect bool          // experiments: never evict blocks of the current request while others exist
-	delay   bool          // experiments: learn a sample only when it leaves the window (unbiased, late)
 
 	curReq  uint64
 	reqSeen bool
@@ -89,8 +86,8 @@ const (
 	lEDC     = 3
 	lGaps    = 4
 	lHistory = 16  // history entries per block of capacity (as Density)
-	lWindow  = 8   // memory window, in cache turnovers
-	lTrain   = 8   // training set size, in cache turnovers' worth of samples
+	lWindow  = 1   // memory window, in cache turnovers
+	lTrain   = 1   // training set size, in cache turnovers' worth of samples
 	lVictims = 64  // leaves sampled per Victim (LRB and LHD use 64)
 	lNone    = 255 // bin of a missing value
 )
@@ -104,7 +101,6 @@ type lrbEntry struct {
 	pver uint32 // model version of pred; 0 = none
 	pbin uint8  // age bin of pred
 	pred float32
-	req  uint64 // request of the last reference
 }
 
 // hEntry is one block of the keys-only history.
@@ -278,16 +274,7 @@ func (p *LRB) sample() {
 		return
 	}
 	h := p.hall[p.rng.IntN(len(p.hall))]
-	if p.fromRes {
-		if p.leaves.len() == 0 {
-			return
-		}
-		e := p.leaves.l[p.rng.IntN(p.leaves.len())].self
-		if e.h == nil {
-			return
-		}
-		h = e.h
-	}
+
 	seq := p.seqNext
 	p.seqNext++
 	s := lSample{t: p.clock, seq: seq, h: h}
@@ -313,9 +300,6 @@ func (p *LRB) label(seq, now uint64) {
 	s := &p.pend[i]
 	s.ok = true
 	s.y = float32(math.Log2(float64(now - s.t)))
-	if !p.delay {
-		p.learn(&s.x, s.y)
-	}
 }
 
 // expire moves samples older than the window out of the FIFO, labelling
@@ -324,10 +308,9 @@ func (p *LRB) expire() {
 	for p.phead < len(p.pend) && p.pend[p.phead].t+p.win <= p.clock {
 		s := &p.pend[p.phead]
 		if !s.ok {
-			p.learn(&s.x, float32(math.Log2(float64(2*p.win))))
-		} else if p.delay {
-			p.learn(&s.x, s.y)
+			s.y = float32(math.Log2(float64(2 * p.win)))
 		}
+		p.learn(&s.x, s.y)
 		*s = lSample{}
 		p.phead++
 	}
@@ -374,7 +357,7 @@ func (p *LRB) Access(k Key, a AccessInfo) {
 	p.begin(a, true)
 	h := p.observe(k, a, true)
 	if e := p.m[k]; e != nil {
-		e.h, e.last, e.pver, e.req = h, p.clock, 0, a.Request
+		e.h, e.last, e.pver = h, p.clock, 0
 	}
 }
 
@@ -390,7 +373,7 @@ func (p *LRB) Insert(k Key, a AccessInfo) {
 	if p.m[k] != nil {
 		return
 	}
-	e := &lrbEntry{key: k, last: p.clock, h: p.hist[k], req: a.Request}
+	e := &lrbEntry{key: k, last: p.clock, h: p.hist[k]}
 	p.m[k] = e
 	var par *leafNode[*lrbEntry]
 	orphan := false
@@ -442,9 +425,6 @@ func (p *LRB) Victim() (Key, bool) {
 			continue
 		}
 		s, age := p.score(e), p.clock-e.last
-		if p.protect && e.req == p.curReq && !e.worthless() {
-			s = math.Inf(-1)
-		}
 		if best == nil || s > bs || (s == bs && age > ba) {
 			best, bs, ba = e, s, age
 		}
