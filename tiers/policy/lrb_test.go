@@ -27,7 +27,7 @@ func hotCold(hot, cold, rounds int) []trace.Request {
 }
 
 func TestLRBLearnsHotCycle(t *testing.T) {
-	w := Compile(hotCold(20, 5, 4000))
+	w := Compile(hotCold(20, 5, 1500))
 	const n = 100 // a hot block returns every 120 references
 	lru := w.Simulate(n, NewLRU()).HitRatio()
 	p := NewLRB(n)
@@ -66,11 +66,15 @@ func TestLRBBeforeModelIsLeafLRU(t *testing.T) {
 }
 
 func TestLRBDeterministic(t *testing.T) {
-	w := Compile(trace.Mixed(3, 600))
-	a := w.Simulate(500, NewLRB(500))
-	b := w.Simulate(500, NewLRB(500))
+	w := Compile(trace.Mixed(3, 150))
+	p := NewLRB(300)
+	a := w.Simulate(300, p)
+	b := w.Simulate(300, NewLRB(300))
 	if a != b {
 		t.Fatalf("two runs differ: %v / %v", a, b)
+	}
+	if p.ver == 0 {
+		t.Fatal("no model was trained: the test does not cover the learned path")
 	}
 }
 
