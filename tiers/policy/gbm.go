@@ -55,6 +55,8 @@ type gbmScratch struct {
 	hs    []float64 // histogram sums: [slot][feat][bin]
 	hn    []int32   // histogram counts
 	nodeS []int32   // node → slot in the level's histograms, -1 if not split
+	lsum  []float64 // per node: residual sum of the last level's leaves
+	lnum  []int32
 }
 
 // fitGBM trains a model on x, y. It returns nil when there are too few
@@ -173,19 +175,21 @@ func fitGBM(x [][lFeat]uint8, y []float32, prm gbmParams, sc *gbmScratch) *gbm {
 			}
 			level = next
 		}
-		// leaves of the last level (or left unsplit): mean residual
+		// leaves of the last level: mean residual
 		if len(level) > 0 {
-			sum := make(map[int32]float64, len(level))
-			num := make(map[int32]int, len(level))
+			sc.lsum = grow(sc.lsum, len(t))
+			sc.lnum = grow(sc.lnum, len(t))
+			clear(sc.lsum)
+			clear(sc.lnum)
 			for i := range n {
-				if t[sc.node[i]].left == 0 {
-					sum[sc.node[i]] += float64(sc.res[i])
-					num[sc.node[i]]++
+				if nd := sc.node[i]; t[nd].left == 0 {
+					sc.lsum[nd] += float64(sc.res[i])
+					sc.lnum[nd]++
 				}
 			}
 			for _, nd := range level {
-				if num[nd] > 0 {
-					t[nd].val = prm.rate * float32(sum[nd]/float64(num[nd]))
+				if sc.lnum[nd] > 0 {
+					t[nd].val = prm.rate * float32(sc.lsum[nd]/float64(sc.lnum[nd]))
 				}
 			}
 		}
