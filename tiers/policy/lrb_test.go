@@ -91,17 +91,21 @@ func TestLRBSensitivity(t *testing.T) {
 	for _, n := range []int{2000, 10000} {
 		lru := w.Simulate(n, NewLRU()).HitRatio()
 		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
-		for _, c := range []struct{ train, horiz int }{{1, lHorizons}, {lTrain, lHorizons}, {16, lHorizons}, {lTrain, 6}, {lTrain, 20}} {
+		for _, c := range []struct {
+			train, horiz int
+			every        float64 // refit interval, in cache turnovers
+		}{{1, lHorizons, 1}, {lTrain, lHorizons, 1}, {16, lHorizons, 1}, {lTrain, 6, 1}, {lTrain, 20, 1}, {lTrain, lHorizons, 0.25}, {lTrain, lHorizons, 4}} {
 			var gs []float64
 			for seed := range uint64(3) {
 				p := NewLRB(n)
 				p.rng = rand.New(rand.NewPCG(5+seed, 6))
 				p.trN = max(c.train*n, 1024)
 				p.horiz = c.horiz
+				p.every = max(int(c.every*float64(n)), 256)
 				gs = append(gs, 100*gapFrac(w.Simulate(n, p).HitRatio(), lru, bel))
 			}
 			slices.Sort(gs)
-			t.Logf("N=%d training set %dC, %d horizons: %+.1f%% of the gap (seeds: %+.1f … %+.1f)", n, c.train, c.horiz, (gs[0]+gs[1]+gs[2])/3, gs[0], gs[2])
+			t.Logf("N=%d training set %dC, %d horizons, refit every %gC: %+.1f%% of the gap (seeds: %+.1f … %+.1f)", n, c.train, c.horiz, c.every, (gs[0]+gs[1]+gs[2])/3, gs[0], gs[2])
 		}
 	}
 }
