@@ -197,3 +197,56 @@ func TestLRBPredictability(t *testing.T) {
 		}
 	}
 }
+
+// TestLRBHindsightBound bounds what any learner using lrb's features could
+// give Density: a tree ensemble is fitted with hindsight on the whole
+// trace (label: the block is referenced again) and its prediction at each
+// reference replaces Density's class — as a dead/live label, or in ten
+// probability buckets.
+//
+//	go test ./tiers/policy -run LRBHindsightBound -sweep -v
+func TestLRBHindsightBound(t *testing.T) {
+	if !*sweep {
+		t.Skip("pass -sweep to measure")
+	}
+	w := Compile(devTrace(t))
+	for _, n := range []int{2000, 10000} {
+		lru := w.Simulate(n, NewLRU()).HitRatio()
+		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
+		f := &featProbe{LRB: NewLRB(n), w: w}
+		w.Simulate(n, f)
+		y := make([]float32, len(f.x))
+		for i, g := range f.gap {
+			if g != noNext {
+				y[i] = 1
+			}
+		}
+		var sc gbmScratch
+		g := fitGBM(f.x, y, gbmDefault, &sc)
+		pr := make([]float32, len(f.x))
+		right := 0
+		for i := range f.x {
+			pr[i] = g.predict(&f.x[i])
+			if (pr[i] >= 0.5) == (y[i] == 1) {
+				right++
+			}
+		}
+		for _, buckets := range []int{2, 10} {
+			p := NewDensity(n)
+			cur := 0
+			p.reclass = func(uint16) uint16 {
+				q := min(max(pr[cur], 0), 0.999)
+				cur++
+				if buckets == 2 {
+					if q >= 0.5 {
+						return 1
+					}
+					return 0
+				}
+				return uint16(q * float32(buckets))
+			}
+			got := w.Simulate(n, p).HitRatio()
+			t.Logf("N=%d: density with hindsight-fitted ensemble classes (%d buckets; in-sample accuracy %.1f%%): %.4f (%+.1f%% of the gap)", n, buckets, 100*float64(right)/float64(len(f.x)), got, 100*gapFrac(got, lru, bel))
+		}
+	}
+}
