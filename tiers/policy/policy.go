@@ -36,11 +36,13 @@
 //   - LRU2: LRU-2 (O'Neil et al. 1993) in its 2Q-like O(1) form.
 //   - ARC: adaptive replacement cache (Megiddo & Modha 2003).
 //   - S3FIFO: small/main FIFO queues with a ghost queue (Yang et al. 2023).
-//   - Chain: the default: LRU over the leaves of the resident prefix tree,
+//   - Chain: LRU over the leaves of the resident prefix tree,
 //     orphans refused and evicted first; see its type comment.
 //   - Hyper: hyperbolic caching over the same leaves (a candidate).
 //   - Density: least hit density over the same leaves, reuse statistics
-//     learned online from a keys-only history (a candidate).
+//     learned online from a keys-only history (the default).
+//   - LRB: hit density over the same leaves from reuse hazards predicted
+//     by an online gradient-boosted tree ensemble, after LRB (a candidate).
 //   - Belady: the offline optimum (MIN), simulator only, for the ceiling.
 //
 // New builds any of them by name.
@@ -108,6 +110,7 @@ var factories = map[string]Factory{
 	"chain":   func(c int) Policy { return NewChain(c) },
 	"hyper":   func(c int) Policy { return NewHyper() },
 	"density": func(c int) Policy { return NewDensity(c) },
+	"lrb":     func(c int) Policy { return NewLRB(c) },
 }
 
 // Default is the name of the default policy: hit density with a keys-only

@@ -173,7 +173,7 @@ func TestSweep(t *testing.T) {
 	dev := []int{1000, 2000, 5000, 10000, 20000}
 	cases := append([]workloadCase{{"dev (mooncake_synthetic_trace)", Compile(reqs), dev},
 		{"dev, first half", Compile(a), dev}, {"dev, second half", Compile(b), dev}}, synthetic()...)
-	order := []string{"lru", "lru2", "arc", "s3fifo", "hyper", "density", "chain"}
+	order := []string{"lru", "lru2", "arc", "s3fifo", "hyper", "density", "lrb", "chain"}
 	for _, c := range cases {
 		var sb strings.Builder
 		fmt.Fprintf(&sb, "\n%s: %d requests, %d block refs, %d distinct blocks\n\n", c.name, len(c.w.Reqs), c.w.Refs(), c.w.Blocks())
