@@ -56,6 +56,8 @@ type Daemon struct {
 
 	spinners    atomic.Int32 // ring loops currently spinning
 	maxSpinners int32
+	maxHot      int32 // spinning loops allowed when all of them are hot (shm.Pacer.Hot)
+	procs       procSizer
 
 	sessionsTotal atomic.Uint64
 	sessionsBad   atomic.Uint64
@@ -76,7 +78,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		log = slog.Default()
 	}
 	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{},
-		maxSpinners: int32(max(1, runtime.NumCPU()/2))}
+		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
+	d.procs.init()
 	if cfg.Metrics.Listen != "" {
 		d.metrics = newMetrics(d)
 	}

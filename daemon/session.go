@@ -165,6 +165,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 	d.opening--
 	opened = true
 	d.sessions[id] = s
+	d.procs.resize(len(d.sessions))
 	// Run sets closing before it stops the sessions in the map (under
 	// d.mu): a session added after that must stop itself, or Run would
 	// wait for it forever.
@@ -220,6 +221,7 @@ func (s *session) run() {
 	// writes the ring's doorbell, on every session in the map.
 	s.d.mu.Lock()
 	delete(s.d.sessions, s.id)
+	s.d.procs.resize(len(s.d.sessions))
 	s.d.mu.Unlock()
 	s.d.unwatchClient(s)
 	s.region.Close()
@@ -321,16 +323,18 @@ func (s *session) loop() error {
 			// idle-but-recent sessions cannot starve the clients; a hot
 			// session (its client answers at once, see shm.Pacer.Hot) is
 			// not idle, and each sleep would cost it a wake-up per round
-			// trip, so it may always spin (still yielding to others).
+			// trip, so hot ones may spin up to one per CPU (still
+			// yielding to others).
 			spin := time.Duration(0)
-			capped := s.granted || !s.pacer.Hot()
-			if !capped || s.d.spinners.Add(1) <= s.d.maxSpinners {
+			limit := s.d.maxSpinners
+			if !s.granted && s.pacer.Hot() {
+				limit = s.d.maxHot
+			}
+			if s.d.spinners.Add(1) <= limit {
 				spin = s.spin
 			}
 			s.ring.DaemonWaitPaced(spin, &s.pacer, sleepBound)
-			if capped {
-				s.d.spinners.Add(-1)
-			}
+			s.d.spinners.Add(-1)
 			continue
 		}
 		m := 0
