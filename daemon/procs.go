@@ -26,7 +26,10 @@ import (
 // same runs' 4-session single-key lookups lose about 15% (the machine was
 // noisy; see docs/benchmarks.md).
 //
-// An operator's GOMAXPROCS environment setting is left alone.
+// An operator's GOMAXPROCS environment setting is left alone. The base is
+// the runtime's choice at start (CPUs, or the cgroup's CPU limit); setting
+// GOMAXPROCS ends the runtime's own later updates from the cgroup, so a
+// limit changed while the daemon runs takes effect at its next start.
 type procSizer struct {
 	mu    sync.Mutex
 	base  int // GOMAXPROCS at start
