@@ -68,7 +68,6 @@ type Density struct {
 type dEntry struct {
 	key Key
 	leafNode[*dEntry]
-	pins int32
 	last uint64
 	cls  uint16
 }
@@ -335,28 +334,11 @@ func (p *Density) Insert(k Key, a AccessInfo) {
 	if t := p.tr.m[k]; t != nil {
 		e.cls = t.cls
 	}
-	p.m[k] = e
-	var par *leafNode[*dEntry]
-	orphan := false
-	if a.HasParent {
-		if pe := p.m[a.Parent]; pe != nil {
-			par = &pe.leafNode
-		} else {
-			orphan = true
-		}
-	}
-	p.leaves.insert(e, &e.leafNode, par, orphan)
+	leafInsert(&p.leaves, p.m, k, e, a)
 }
 
 // Remove implements Policy.
-func (p *Density) Remove(k Key) {
-	e := p.m[k]
-	if e == nil {
-		return
-	}
-	delete(p.m, k)
-	p.leaves.remove(&e.leafNode)
-}
+func (p *Density) Remove(k Key) { leafRemove(&p.leaves, p.m, k) }
 
 // Victim implements Policy.
 func (p *Density) Victim() (Key, bool) {
@@ -377,18 +359,10 @@ func (p *Density) Victim() (Key, bool) {
 }
 
 // Pin implements Policy.
-func (p *Density) Pin(k Key) {
-	if e := p.m[k]; e != nil {
-		e.pins++
-	}
-}
+func (p *Density) Pin(k Key) { leafPin(p.m, k) }
 
 // Unpin implements Policy.
-func (p *Density) Unpin(k Key) {
-	if e := p.m[k]; e != nil && e.pins > 0 {
-		e.pins--
-	}
-}
+func (p *Density) Unpin(k Key) { leafUnpin(p.m, k) }
 
 // Len implements Policy.
 func (p *Density) Len() int { return len(p.m) }

@@ -21,9 +21,8 @@ type Hyper struct {
 type hyEntry struct {
 	key Key
 	leafNode[*hyEntry]
-	pins int32
-	n    float64 // references since insertion
-	t0   uint64  // logical insertion time
+	n  float64 // references since insertion
+	t0 uint64  // logical insertion time
 }
 
 const hyperSample = 64
@@ -58,28 +57,11 @@ func (p *Hyper) Insert(k Key, a AccessInfo) {
 		return
 	}
 	e := &hyEntry{key: k, n: 1, t0: p.clock}
-	p.m[k] = e
-	var par *leafNode[*hyEntry]
-	orphan := false
-	if a.HasParent {
-		if pe := p.m[a.Parent]; pe != nil {
-			par = &pe.leafNode
-		} else {
-			orphan = true
-		}
-	}
-	p.leaves.insert(e, &e.leafNode, par, orphan)
+	leafInsert(&p.leaves, p.m, k, e, a)
 }
 
 // Remove implements Policy.
-func (p *Hyper) Remove(k Key) {
-	e := p.m[k]
-	if e == nil {
-		return
-	}
-	delete(p.m, k)
-	p.leaves.remove(&e.leafNode)
-}
+func (p *Hyper) Remove(k Key) { leafRemove(&p.leaves, p.m, k) }
 
 func (p *Hyper) prio(e *hyEntry) float64 {
 	if e.worthless() {
@@ -119,18 +101,10 @@ func (p *Hyper) Victim() (Key, bool) {
 }
 
 // Pin implements Policy.
-func (p *Hyper) Pin(k Key) {
-	if e := p.m[k]; e != nil {
-		e.pins++
-	}
-}
+func (p *Hyper) Pin(k Key) { leafPin(p.m, k) }
 
 // Unpin implements Policy.
-func (p *Hyper) Unpin(k Key) {
-	if e := p.m[k]; e != nil && e.pins > 0 {
-		e.pins--
-	}
-}
+func (p *Hyper) Unpin(k Key) { leafUnpin(p.m, k) }
 
 // Len implements Policy.
 func (p *Hyper) Len() int { return len(p.m) }

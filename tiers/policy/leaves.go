@@ -1,7 +1,7 @@
 package policy
 
 // leafNode is the prefix-tree bookkeeping shared by the policies that evict
-// only chain tails (Hyper, Density): a block is worth keeping only while its
+// only chain tails (Hyper, Density, LRB): a block is worth keeping only while its
 // parent is, so victims are drawn from the leaves (blocks with no resident
 // child). E is the policy's entry type; its entries embed a leafNode that
 // points back at them through self.
@@ -10,8 +10,57 @@ type leafNode[E any] struct {
 	parent   *leafNode[E]
 	children int32
 	li       int32 // index in the leaf set; -1 when not a leaf
+	pins     int32 // leases (Pin/Unpin); a pinned block is never a victim
 	orphan   bool  // inserted without a resident parent
 	gone     bool  // removed; children may still point at it
+}
+
+func (n *leafNode[E]) node() *leafNode[E] { return n }
+
+// leafEntry is a leaf policy's entry: a pointer to a struct embedding
+// leafNode.
+type leafEntry[E any] interface {
+	comparable
+	node() *leafNode[E]
+}
+
+// leafInsert stores e under k and makes it a leaf below the resident parent
+// of a (an orphan when a has a parent that is not resident).
+func leafInsert[E leafEntry[E]](s *leafSet[E], m map[Key]E, k Key, e E, a AccessInfo) {
+	m[k] = e
+	var par *leafNode[E]
+	orphan := false
+	if a.HasParent {
+		if pe, ok := m[a.Parent]; ok {
+			par = pe.node()
+		} else {
+			orphan = true
+		}
+	}
+	s.insert(e, e.node(), par, orphan)
+}
+
+// leafRemove forgets k (unknown keys are ignored).
+func leafRemove[E leafEntry[E]](s *leafSet[E], m map[Key]E, k Key) {
+	e, ok := m[k]
+	if !ok {
+		return
+	}
+	delete(m, k)
+	s.remove(e.node())
+}
+
+// leafPin and leafUnpin implement Policy.Pin and Unpin over m.
+func leafPin[E leafEntry[E]](m map[Key]E, k Key) {
+	if e, ok := m[k]; ok {
+		e.node().pins++
+	}
+}
+
+func leafUnpin[E leafEntry[E]](m map[Key]E, k Key) {
+	if e, ok := m[k]; ok && e.node().pins > 0 {
+		e.node().pins--
+	}
 }
 
 // worthless reports a block whose prefix is broken: Lookup can never reach

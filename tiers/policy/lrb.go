@@ -108,7 +108,6 @@ type lrbEntry struct {
 	key Key
 	leafNode[*lrbEntry]
 	h    *hEntry
-	pins int32
 	last uint64
 	pver uint32 // model version of pred; 0 = none
 	pbin uint8  // age bin of pred
@@ -408,28 +407,11 @@ func (p *LRB) Insert(k Key, a AccessInfo) {
 		return
 	}
 	e := &lrbEntry{key: k, last: p.clock, h: p.hist[k]}
-	p.m[k] = e
-	var par *leafNode[*lrbEntry]
-	orphan := false
-	if a.HasParent {
-		if pe := p.m[a.Parent]; pe != nil {
-			par = &pe.leafNode
-		} else {
-			orphan = true
-		}
-	}
-	p.leaves.insert(e, &e.leafNode, par, orphan)
+	leafInsert(&p.leaves, p.m, k, e, a)
 }
 
 // Remove implements Policy.
-func (p *LRB) Remove(k Key) {
-	e := p.m[k]
-	if e == nil {
-		return
-	}
-	delete(p.m, k)
-	p.leaves.remove(&e.leafNode)
-}
+func (p *LRB) Remove(k Key) { leafRemove(&p.leaves, p.m, k) }
 
 // score is the eviction priority of e: larger = evict first.
 func (p *LRB) score(e *lrbEntry) float64 {
@@ -497,18 +479,10 @@ func (p *LRB) Victim() (Key, bool) {
 }
 
 // Pin implements Policy.
-func (p *LRB) Pin(k Key) {
-	if e := p.m[k]; e != nil {
-		e.pins++
-	}
-}
+func (p *LRB) Pin(k Key) { leafPin(p.m, k) }
 
 // Unpin implements Policy.
-func (p *LRB) Unpin(k Key) {
-	if e := p.m[k]; e != nil && e.pins > 0 {
-		e.pins--
-	}
-}
+func (p *LRB) Unpin(k Key) { leafUnpin(p.m, k) }
 
 // Len implements Policy.
 func (p *LRB) Len() int { return len(p.m) }
