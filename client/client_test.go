@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -295,4 +296,60 @@ func TestClosed(t *testing.T) {
 	if _, err := c.Open(ctx, testNS()); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("open after Client.Close: %v", err)
 	}
+}
+
+// TestLazyReleaseRings checks that a release left without a doorbell (no
+// later call on the session) still reaches the daemon promptly: the bell
+// timer rings it. Without the timer the ring loop would only notice it when
+// its bounded sleep (50 ms) runs out.
+func TestLazyReleaseRings(t *testing.T) {
+	sock := startDaemon(t)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Open(ctx, testNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := client.ChainHashes(client.Hash{}, tokens(16, 7), 16)[0]
+	if ok, err := s.Put(ctx, h, bytes.Repeat([]byte{3}, 8192)); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	const trials = 9
+	took := make([]time.Duration, 0, trials)
+	for range trials {
+		l, err := s.Acquire(ctx, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := c.Stats(ctx)
+		if err != nil || st.Tiers[0].Leased != 1 {
+			t.Fatalf("while leased: %+v %v", st.Tiers[0], err)
+		}
+		t0 := time.Now()
+		if err := l.Release(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			st, err := c.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Tiers[0].Leased == 0 {
+				break
+			}
+			if time.Since(t0) > 5*time.Second {
+				t.Fatal("release never reached the daemon")
+			}
+		}
+		took = append(took, time.Since(t0))
+	}
+	slices.Sort(took)
+	if med := took[trials/2]; med > 20*time.Millisecond {
+		t.Fatalf("median release took %v to reach the daemon (all: %v)", med, took)
+	}
+	t.Logf("release reached the daemon in %v (median of %d)", took[trials/2], trials)
 }

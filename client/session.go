@@ -156,14 +156,16 @@ type Lease struct {
 func (l *Lease) Bytes() []byte { return l.buf }
 
 // Release unpins the block. It does not wait for the daemon: the session's
-// rings are ordered, so later calls of this session see it released.
+// rings are ordered, so later calls of this session see it released; other
+// sessions see it within about 200 µs (the doorbell for a release is left to
+// the session's next call or to a short timer).
 func (l *Lease) Release() error {
 	if !l.done.CompareAndSwap(false, true) {
 		return ErrDone
 	}
 	defer l.cn.unref()
 	l.cn.addOrphans(1)
-	if err := l.cn.push([]shm.SQE{{Op: shm.OpRelease, Token: l.token}}); err != nil {
+	if err := l.cn.pushLazy([]shm.SQE{{Op: shm.OpRelease, Token: l.token}}); err != nil {
 		return fmt.Errorf("release %s: %w", l.Hash, err)
 	}
 	return nil
