@@ -63,6 +63,10 @@ type Density struct {
 	// each reference, in reference order: it measures how good a class
 	// predictor would have to be (TestPredictorQualityNeeded).
 	reclass func(uint16) uint16
+
+	// norm measures ages of reused blocks in units of the block's own mean
+	// inter-reference gap (experiment).
+	norm bool
 }
 
 type dEntry struct {
@@ -70,6 +74,7 @@ type dEntry struct {
 	leafNode[*dEntry]
 	last uint64
 	cls  uint16
+	mul  float64
 }
 
 const (
@@ -137,6 +142,8 @@ type tEntry struct {
 	key        Key
 	prev, next *tEntry
 	last       uint64
+	first      uint64
+	mul        float64
 	cls        uint16
 	refs       int
 }
@@ -180,21 +187,26 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 	e := t.m[k]
 	if e != nil {
 		g := p.clock - e.last
-		p.st[e.cls].hits[ageBin(g)]++
+		p.st[e.cls].hits[ageBin(uint64(float64(g)*e.mul))]++
 		t.unlink(e)
 		e.refs++
 	} else {
-		e = &tEntry{key: k, refs: 1}
+		e = &tEntry{key: k, refs: 1, first: p.clock}
 		t.m[k] = e
 		for len(t.m) > t.limit {
 			old := t.root.prev
 			t.unlink(old)
 			delete(t.m, old.key)
-			p.st[old.cls].cens[ageBin(p.clock-old.last)]++
+			p.st[old.cls].cens[ageBin(uint64(float64(p.clock-old.last)*old.mul))]++
 		}
 	}
 	e.last = p.clock
 	e.cls = classOf(e.refs, p.reqHit, a.ChainLen)
+	e.mul = 1
+	if p.norm && e.refs >= 2 {
+		g := float64(p.clock-e.first) / float64(e.refs-1)
+		e.mul = normK / max(g, 1)
+	}
 	if p.reclass != nil {
 		e.cls = p.reclass(e.cls)
 	}
@@ -212,7 +224,7 @@ func (p *Density) reconfigure() {
 		clear(p.st[c].live[:])
 	}
 	for e := p.tr.root.next; e != &p.tr.root; e = e.next {
-		p.st[e.cls].live[ageBin(p.clock-e.last)]++
+		p.st[e.cls].live[ageBin(uint64(float64(p.clock-e.last)*e.mul))]++
 	}
 	for c := range p.st {
 		s := &p.st[c]
@@ -265,6 +277,7 @@ func (p *Density) Access(k Key, a AccessInfo) {
 	if e := p.m[k]; e != nil {
 		e.last = p.clock
 		e.cls = c
+		e.mul = p.tr.m[k].mul
 	}
 }
 
@@ -279,8 +292,13 @@ func (p *Density) density(e *dEntry) float64 {
 	if e.worthless() {
 		return -1
 	}
-	return p.densAt(e.cls, p.clock-e.last)
+	if e.mul == 0 {
+		e.mul = 1
+	}
+	return p.densAt(e.cls, uint64(float64(p.clock-e.last)*e.mul)) * e.mul
 }
+
+const normK = 256
 
 // densAt interpolates the class's density table linearly in log age.
 func (p *Density) densAt(c uint16, age uint64) float64 {
@@ -330,9 +348,10 @@ func (p *Density) Insert(k Key, a AccessInfo) {
 	if p.m[k] != nil {
 		return
 	}
-	e := &dEntry{key: k, last: p.clock}
+	e := &dEntry{key: k, last: p.clock, mul: 1}
 	if t := p.tr.m[k]; t != nil {
 		e.cls = t.cls
+		e.mul = t.mul
 	}
 	leafInsert(&p.leaves, p.m, k, e, a)
 }
