@@ -65,43 +65,31 @@ type Density struct {
 	reclass func(uint16) uint16
 
 	// norm measures ages of reused blocks in units of the block's own mean
-	// inter-reference gap (experiment).
+	// inter-reference gap (experiment, not the default: docs/policy.md).
 	norm bool
-	// deadAt, when set (diagnostics only), tells whether the reference at
-	// clock i is the block's last.
-	deadAt func(i uint64) bool
-	// trueGap, when set (diagnostics only), replaces the estimated mean gap.
+
+	// trueGap and deadAt, when set (simulator diagnostics only, TestExp),
+	// inject future knowledge: trueGap replaces norm's estimated mean gap by
+	// the block's mean gap over its whole life; deadAt(i) tells whether the
+	// reference at clock i is the block's last, which makes the block
+	// worthless (evicted first, refused at admission).
 	trueGap func(Key) float64
-	refB    int
-	normMin int
-	lastBit bool
-	gmode   int // 0 mean since first, 1 last gap, 2 ewma 1/2, 3 geometric mean
-	life    bool
-	// eb shrinks the mean gap toward the pooled mean gap (one pseudo-gap).
-	eb bool
-	// ms measures reused blocks' ages on the request clock (ms).
-	ms      bool
-	nowMs   int64
-	startMs int64
-	gSum    float64
-	gCnt    float64
+	deadAt  func(i uint64) bool
 }
 
 type dEntry struct {
 	key Key
 	leafNode[*dEntry]
-	lastMs int64
-	dead   bool
-	last   uint64
-	cls    uint16
-	mul    float64
+	last uint64
+	cls  uint16
+	mul  float64
+	dead bool // deadAt diagnostics only
 }
 
 const (
 	dRefB    = 3  // reference-count classes of reused blocks: 2, 3, 4+
 	dLenB    = 12 // ⌊log2 chain length⌋ classes of first references
-	dRefMax  = 12 // experiment: most reference-count classes
-	dClasses = 4*dLenB + dRefMax
+	dClasses = 2*dLenB + dRefB
 	dBins    = 2*40 + 2 // age bins: two per octave up to 2^40 references
 	dHistory = 16       // history entries per block of capacity
 	dDecay   = 0.95     // counter decay per capacity references
@@ -139,7 +127,7 @@ func binLo(b int) float64 {
 	return x - 1
 }
 
-func classOf(refs int, hitReq bool, chainLen int, refB int) uint16 {
+func classOf(refs int, hitReq bool, chainLen int) uint16 {
 	if refs <= 1 {
 		h := 0
 		if hitReq {
@@ -148,7 +136,7 @@ func classOf(refs int, hitReq bool, chainLen int, refB int) uint16 {
 		lb := min(bits.Len(uint(max(chainLen, 1))), dLenB) - 1
 		return uint16(h*dLenB + lb)
 	}
-	return uint16(2*dLenB + min(refs, refB+1) - 2)
+	return uint16(2*dLenB + min(refs, dRefB+1) - 2)
 }
 
 // tracker remembers recent references (keys only) to learn reuse gaps per
@@ -164,10 +152,7 @@ type tEntry struct {
 	prev, next *tEntry
 	last       uint64
 	first      uint64
-	lastMs     int64
-	firstMs    int64
 	mul        float64
-	gEst       float64
 	cls        uint16
 	refs       int
 }
@@ -194,7 +179,6 @@ func NewDensity(capacity int) *Density {
 	p := &Density{capacity: max(capacity, 1), m: make(map[Key]*dEntry), rng: rand.New(rand.NewPCG(3, 4))}
 	p.tr.init(dHistory * p.capacity)
 
-	p.refB = dRefB
 	p.period = uint64(p.capacity)
 	p.nextConf = 256
 	return p
@@ -206,78 +190,30 @@ func (p *Density) Name() string { return "density" }
 // observe records one reference of k in the tracker and returns the
 // block's class after this reference.
 func (p *Density) observe(k Key, a AccessInfo) uint16 {
-	if p.clock == 0 {
-		p.startMs = a.TimeMs
-	}
 	p.clock++
-	p.nowMs = a.TimeMs
 
 	t := &p.tr
 	e := t.m[k]
 	if e != nil {
-		g := p.age(e.cls, e.last, e.lastMs, e.mul)
-		p.st[e.cls].hits[ageBin(g)]++
-		if p.ms {
-			p.gSum += float64(p.nowMs - e.lastMs)
-		} else {
-			p.gSum += float64(p.clock - e.last)
-		}
-		p.gCnt++
-		gap := float64(p.clock - e.last)
-		switch {
-		case e.refs == 1 || p.gmode == 1:
-			e.gEst = gap
-		case p.gmode == 2:
-			e.gEst = (e.gEst + gap) / 2
-		case p.gmode == 3:
-			e.gEst = math.Exp((math.Log(e.gEst)*float64(e.refs-1) + math.Log(max(gap, 1))) / float64(e.refs))
-		}
+		g := p.clock - e.last
+		p.st[e.cls].hits[ageBin(uint64(float64(g)*e.mul))]++
 		t.unlink(e)
 		e.refs++
 	} else {
-		e = &tEntry{key: k, refs: 1, first: p.clock, firstMs: a.TimeMs}
+		e = &tEntry{key: k, refs: 1, first: p.clock}
 		t.m[k] = e
 		for len(t.m) > t.limit {
 			old := t.root.prev
 			t.unlink(old)
 			delete(t.m, old.key)
-			p.st[old.cls].cens[ageBin(p.age(old.cls, old.last, old.lastMs, old.mul))]++
+			p.st[old.cls].cens[ageBin(uint64(float64(p.clock-old.last)*old.mul))]++
 		}
 	}
 	e.last = p.clock
-	e.lastMs = a.TimeMs
-	e.cls = classOf(e.refs, p.reqHit, a.ChainLen, p.refB)
-	if p.lastBit && e.refs == 1 && a.Pos == a.ChainLen-1 {
-		e.cls += 2*dLenB + dRefMax
-	}
-	if p.life && e.refs >= 2 {
-		turn := (p.clock - e.first) / uint64(p.capacity)
-		lb := 0
-		switch {
-		case turn >= 16:
-			lb = 3
-		case turn >= 4:
-			lb = 2
-		case turn >= 1:
-			lb = 1
-		}
-		e.cls = uint16(2*dLenB + 4*(min(e.refs, 4)-2) + lb)
-	}
+	e.cls = classOf(e.refs, p.reqHit, a.ChainLen)
 	e.mul = 1
-	if p.norm && e.refs >= max(2, p.normMin) {
-		span := float64(p.clock - e.first)
-		if p.ms {
-			span = float64(a.TimeMs - e.firstMs)
-		}
-		n := float64(e.refs - 1)
-		if p.eb && p.gCnt > 0 {
-			span += p.gSum / p.gCnt
-			n++
-		}
-		g := span / n
-		if p.gmode != 0 {
-			g = e.gEst
-		}
+	if p.norm && e.refs >= 2 {
+		g := float64(p.clock-e.first) / float64(e.refs-1)
 		if p.trueGap != nil {
 			g = p.trueGap(k)
 		}
@@ -300,7 +236,7 @@ func (p *Density) reconfigure() {
 		clear(p.st[c].live[:])
 	}
 	for e := p.tr.root.next; e != &p.tr.root; e = e.next {
-		p.st[e.cls].live[ageBin(p.age(e.cls, e.last, e.lastMs, e.mul))]++
+		p.st[e.cls].live[ageBin(uint64(float64(p.clock-e.last)*e.mul))]++
 	}
 	for c := range p.st {
 		s := &p.st[c]
@@ -339,10 +275,6 @@ func (p *Density) reconfigure() {
 			p.dens[c][i] = best
 		}
 		// decay
-		if c == 0 {
-			p.gSum *= dDecay
-			p.gCnt *= dDecay
-		}
 		for b := range s.hits {
 			s.hits[b] *= dDecay
 			s.cens[b] *= dDecay
@@ -356,7 +288,6 @@ func (p *Density) Access(k Key, a AccessInfo) {
 	c := p.observe(k, a)
 	if e := p.m[k]; e != nil {
 		e.last = p.clock
-		e.lastMs = a.TimeMs
 		e.cls = c
 		e.mul = p.tr.m[k].mul
 		e.dead = p.deadAt != nil && p.deadAt(p.clock-1)
@@ -377,20 +308,7 @@ func (p *Density) density(e *dEntry) float64 {
 	if e.mul == 0 {
 		e.mul = 1
 	}
-	d := p.densAt(e.cls, p.age(e.cls, e.last, e.lastMs, e.mul)) * e.mul
-	if p.ms && e.cls >= 2*dLenB && p.clock > 0 {
-		d *= float64(p.nowMs-p.startMs+1) / float64(p.clock) // per ms → per reference
-	}
-	return d
-}
-
-// age is the age of a block last referenced at (last, lastMs) in the units
-// of its class's table.
-func (p *Density) age(cls uint16, last uint64, lastMs int64, mul float64) uint64 {
-	if cls < 2*dLenB || !p.ms {
-		return uint64(float64(p.clock-last) * mul)
-	}
-	return uint64(float64(p.nowMs-lastMs) * mul)
+	return p.densAt(e.cls, uint64(float64(p.clock-e.last)*e.mul)) * e.mul
 }
 
 const normK = 256
@@ -446,7 +364,7 @@ func (p *Density) Insert(k Key, a AccessInfo) {
 	if p.m[k] != nil {
 		return
 	}
-	e := &dEntry{key: k, last: p.clock, lastMs: a.TimeMs, mul: 1}
+	e := &dEntry{key: k, last: p.clock, mul: 1}
 	if t := p.tr.m[k]; t != nil {
 		e.cls = t.cls
 		e.mul = t.mul

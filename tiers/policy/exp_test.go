@@ -9,101 +9,53 @@ import (
 	"github.com/kvtier/kvtier/tiers/trace"
 )
 
-var expVariants = map[string]func(n int) Policy{
-	"density":  func(n int) Policy { return NewDensity(n) },
-	"norm":     func(n int) Policy { p := NewDensity(n); p.norm = true; return p },
-	"normeb":   func(n int) Policy { p := NewDensity(n); p.norm, p.eb = true, true; return p },
-	"norm5":    func(n int) Policy { p := NewDensity(n); p.norm, p.refB = true, 5; return p },
-	"norm8":    func(n int) Policy { p := NewDensity(n); p.norm, p.refB = true, 8; return p },
-	"norm2":    func(n int) Policy { p := NewDensity(n); p.norm, p.refB = true, 1; return p },
-	"norm3up":  func(n int) Policy { p := NewDensity(n); p.norm, p.normMin = true, 3; return p },
-	"norm4up":  func(n int) Policy { p := NewDensity(n); p.norm, p.normMin = true, 4; return p },
-	"normlife": func(n int) Policy { p := NewDensity(n); p.norm, p.life = true, true; return p },
-	"denslife": func(n int) Policy { p := NewDensity(n); p.life = true; return p },
-	"normlast": func(n int) Policy { p := NewDensity(n); p.norm, p.gmode = true, 1; return p },
-	"normewma": func(n int) Policy { p := NewDensity(n); p.norm, p.gmode = true, 2; return p },
-	"normgeo":  func(n int) Policy { p := NewDensity(n); p.norm, p.gmode = true, 3; return p },
-	"normlb":   func(n int) Policy { p := NewDensity(n); p.norm, p.lastBit = true, true; return p },
-	"denslb":   func(n int) Policy { p := NewDensity(n); p.lastBit = true; return p },
-	"normms":   func(n int) Policy { p := NewDensity(n); p.norm, p.ms = true, true; return p },
-	"normebms": func(n int) Policy {
-		p := NewDensity(n)
-		p.norm, p.eb, p.ms = true, true, true
-		return p
-	},
-}
-
-// TestExp compares experimental Density variants (EXP=comma list; EXPQUICK=1
-// for the development trace at 2k/10k only).
+// TestExp compares Density with its experimental rate-normalized variant
+// (norm) and with offline diagnostics that inject future knowledge
+// (docs/policy.md, "What did not work"). It is skipped unless -sweep is
+// given; the development trace must be passed after -args, because go test
+// takes -trace for itself (an execution trace it would write over the file):
+//
+//	EXP=density,norm,normtrue go test ./tiers/policy -run TestExp -count=1 -v \
+//	    -args -sweep -trace=/path/to/mooncake_synthetic_trace.jsonl
+//
+// EXP selects the variants (default: all); EXPQUICK=1 measures only the
+// development trace at 2,000 and 10,000 blocks, EXPDEV=1 the development
+// trace and its halves without the synthetic generators. A "!" marks a cell
+// where the variant loses to LRU by more than lruTolerance.
 func TestExp(t *testing.T) {
 	if !*sweep {
-		t.Skip()
+		t.Skip("pass -sweep to compare the experimental variants")
 	}
-	names := strings.Split(os.Getenv("EXP"), ",")
-	if names[0] == "" {
-		names = []string{"density", "norm"}
+	all := []string{"density", "norm", "normtrue", "densdead", "normdead", "normdead1", "normdead2", "normtruedead"}
+	names := all
+	if e := os.Getenv("EXP"); e != "" {
+		names = strings.Split(e, ",")
 	}
 	reqs := devTrace(t)
 	a, b := trace.Split(reqs)
 	dev := []int{1000, 2000, 5000, 10000, 20000}
 	cases := []workloadCase{{"dev", Compile(reqs), dev}}
-	if os.Getenv("EXPQUICK") != "" {
+	switch {
+	case os.Getenv("EXPQUICK") != "":
 		cases[0].sizes = []int{2000, 10000}
-	} else {
+	case os.Getenv("EXPDEV") != "":
 		cases = append(cases, workloadCase{"h1", Compile(a), dev}, workloadCase{"h2", Compile(b), dev})
-		if os.Getenv("EXPDEV") == "" {
-			cases = append(cases, synthetic()...)
-		}
+	default:
+		cases = append(cases, workloadCase{"h1", Compile(a), dev}, workloadCase{"h2", Compile(b), dev})
+		cases = append(cases, synthetic()...)
 	}
 	for _, c := range cases {
-		tg := trueGaps(c.w)
-		expVariants["normtrue"] = func(n int) Policy {
-			p := NewDensity(n)
-			p.norm, p.trueGap = true, tg
-			return p
-		}
-		dead := func(i uint64) bool { return c.w.next[i] == noNext }
-		expVariants["normtruedead"] = func(n int) Policy {
-			p := NewDensity(n)
-			p.norm, p.trueGap, p.deadAt = true, tg, dead
-			return p
-		}
-		expVariants["normdead"] = func(n int) Policy {
-			p := NewDensity(n)
-			p.norm, p.deadAt = true, dead
-			return p
-		}
-		firstSeen := make([]bool, len(c.w.keys))
-		{
-			seen := map[Key]bool{}
-			for i, k := range c.w.keys {
-				firstSeen[i] = !seen[k]
-				seen[k] = true
-			}
-		}
-		dead1 := func(i uint64) bool { return firstSeen[i] && c.w.next[i] == noNext }
-		dead2 := func(i uint64) bool { return !firstSeen[i] && c.w.next[i] == noNext }
-		expVariants["normdead1"] = func(n int) Policy {
-			p := NewDensity(n)
-			p.norm, p.deadAt = true, dead1
-			return p
-		}
-		expVariants["normdead2"] = func(n int) Policy {
-			p := NewDensity(n)
-			p.norm, p.deadAt = true, dead2
-			return p
-		}
-		expVariants["densdead"] = func(n int) Policy {
-			p := NewDensity(n)
-			p.deadAt = dead
-			return p
-		}
+		variants := expVariants(c.w)
 		for _, n := range c.sizes {
 			lru := c.w.Simulate(n, NewLRU()).HitRatio()
 			bel := c.w.Simulate(n, NewBelady(c.w, n)).HitRatio()
 			line := fmt.Sprintf("%-12s N=%-6d lru %.4f", c.name, n, lru)
 			for _, name := range names {
-				h := c.w.Simulate(n, expVariants[name](n)).HitRatio()
+				mk, ok := variants[name]
+				if !ok {
+					t.Fatalf("unknown variant %q (have %v)", name, all)
+				}
+				h := c.w.Simulate(n, mk(n)).HitRatio()
 				mark := ""
 				if h < lru-lruTolerance {
 					mark = "!"
@@ -115,12 +67,52 @@ func TestExp(t *testing.T) {
 	}
 }
 
-// trueGaps returns each block's mean gap over its whole life in references
-// (future knowledge; diagnostics only).
+// expVariants returns the variants for w. The diagnostics know w's future:
+//
+//   - normtrue: norm with each block's true mean gap over its whole life
+//     instead of the online estimate;
+//   - densdead, normdead: density / norm told which reference of a block is
+//     its last (the block is then refused or evicted first);
+//   - normdead1, normdead2: norm told that only for blocks never referenced
+//     again after their first reference (1), or only for the last reference
+//     of blocks referenced at least twice (2);
+//   - normtruedead: both true mean gaps and deaths.
+func expVariants(w *Workload) map[string]func(n int) Policy {
+	gap := trueGaps(w)
+	first := make([]bool, len(w.keys))
+	seen := make(map[Key]bool)
+	for i, k := range w.keys {
+		first[i] = !seen[k]
+		seen[k] = true
+	}
+	dead := func(i uint64) bool { return w.next[i] == noNext }
+	dead1 := func(i uint64) bool { return first[i] && w.next[i] == noNext }
+	dead2 := func(i uint64) bool { return !first[i] && w.next[i] == noNext }
+	mk := func(norm bool, g func(Key) float64, d func(uint64) bool) func(int) Policy {
+		return func(n int) Policy {
+			p := NewDensity(n)
+			p.norm, p.trueGap, p.deadAt = norm, g, d
+			return p
+		}
+	}
+	return map[string]func(n int) Policy{
+		"density":      mk(false, nil, nil),
+		"norm":         mk(true, nil, nil),
+		"normtrue":     mk(true, gap, nil),
+		"densdead":     mk(false, nil, dead),
+		"normdead":     mk(true, nil, dead),
+		"normdead1":    mk(true, nil, dead1),
+		"normdead2":    mk(true, nil, dead2),
+		"normtruedead": mk(true, gap, dead),
+	}
+}
+
+// trueGaps returns each block's mean gap over its whole life, in block
+// references (future knowledge; diagnostics only).
 func trueGaps(w *Workload) func(Key) float64 {
-	first := map[Key]int{}
-	last := map[Key]int{}
-	cnt := map[Key]int{}
+	first := make(map[Key]int)
+	last := make(map[Key]int)
+	cnt := make(map[Key]int)
 	for i, k := range w.keys {
 		if _, ok := first[k]; !ok {
 			first[k] = i
