@@ -63,6 +63,18 @@ type Density struct {
 	// each reference, in reference order: it measures how good a class
 	// predictor would have to be (TestPredictorQualityNeeded).
 	reclass func(uint16) uint16
+
+	// norm measures ages of reused blocks in units of the block's own mean
+	// inter-reference gap (experiment, not the default: docs/policy.md).
+	norm bool
+
+	// trueGap and deadAt, when set (simulator diagnostics only, TestExp),
+	// inject future knowledge: trueGap replaces norm's estimated mean gap by
+	// the block's mean gap over its whole life; deadAt(i) tells whether the
+	// reference at clock i is the block's last, which makes the block
+	// worthless (evicted first, refused at admission).
+	trueGap func(Key) float64
+	deadAt  func(i uint64) bool
 }
 
 type dEntry struct {
@@ -70,6 +82,8 @@ type dEntry struct {
 	leafNode[*dEntry]
 	last uint64
 	cls  uint16
+	mul  float64
+	dead bool // deadAt diagnostics only
 }
 
 const (
@@ -137,6 +151,8 @@ type tEntry struct {
 	key        Key
 	prev, next *tEntry
 	last       uint64
+	first      uint64
+	mul        float64
 	cls        uint16
 	refs       int
 }
@@ -180,21 +196,29 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 	e := t.m[k]
 	if e != nil {
 		g := p.clock - e.last
-		p.st[e.cls].hits[ageBin(g)]++
+		p.st[e.cls].hits[ageBin(uint64(float64(g)*e.mul))]++
 		t.unlink(e)
 		e.refs++
 	} else {
-		e = &tEntry{key: k, refs: 1}
+		e = &tEntry{key: k, refs: 1, first: p.clock}
 		t.m[k] = e
 		for len(t.m) > t.limit {
 			old := t.root.prev
 			t.unlink(old)
 			delete(t.m, old.key)
-			p.st[old.cls].cens[ageBin(p.clock-old.last)]++
+			p.st[old.cls].cens[ageBin(uint64(float64(p.clock-old.last)*old.mul))]++
 		}
 	}
 	e.last = p.clock
 	e.cls = classOf(e.refs, p.reqHit, a.ChainLen)
+	e.mul = 1
+	if p.norm && e.refs >= 2 {
+		g := float64(p.clock-e.first) / float64(e.refs-1)
+		if p.trueGap != nil {
+			g = p.trueGap(k)
+		}
+		e.mul = normK / max(g, 1)
+	}
 	if p.reclass != nil {
 		e.cls = p.reclass(e.cls)
 	}
@@ -212,7 +236,7 @@ func (p *Density) reconfigure() {
 		clear(p.st[c].live[:])
 	}
 	for e := p.tr.root.next; e != &p.tr.root; e = e.next {
-		p.st[e.cls].live[ageBin(p.clock-e.last)]++
+		p.st[e.cls].live[ageBin(uint64(float64(p.clock-e.last)*e.mul))]++
 	}
 	for c := range p.st {
 		s := &p.st[c]
@@ -265,6 +289,8 @@ func (p *Density) Access(k Key, a AccessInfo) {
 	if e := p.m[k]; e != nil {
 		e.last = p.clock
 		e.cls = c
+		e.mul = p.tr.m[k].mul
+		e.dead = p.deadAt != nil && p.deadAt(p.clock-1)
 	}
 }
 
@@ -276,11 +302,16 @@ func (p *Density) begin(a AccessInfo, hit bool) {
 }
 
 func (p *Density) density(e *dEntry) float64 {
-	if e.worthless() {
+	if e.worthless() || e.dead {
 		return -1
 	}
-	return p.densAt(e.cls, p.clock-e.last)
+	if e.mul == 0 {
+		e.mul = 1
+	}
+	return p.densAt(e.cls, uint64(float64(p.clock-e.last)*e.mul)) * e.mul
 }
+
+const normK = 256
 
 // densAt interpolates the class's density table linearly in log age.
 func (p *Density) densAt(c uint16, age uint64) float64 {
@@ -305,6 +336,9 @@ func (p *Density) densAt(c uint16, age uint64) float64 {
 func (p *Density) Admit(k Key, a AccessInfo) bool {
 	p.begin(a, false)
 	p.observe(k, a)
+	if p.deadAt != nil && p.deadAt(p.clock-1) {
+		return false
+	}
 	return !a.HasParent || p.m[a.Parent] != nil
 }
 
@@ -330,9 +364,10 @@ func (p *Density) Insert(k Key, a AccessInfo) {
 	if p.m[k] != nil {
 		return
 	}
-	e := &dEntry{key: k, last: p.clock}
+	e := &dEntry{key: k, last: p.clock, mul: 1}
 	if t := p.tr.m[k]; t != nil {
 		e.cls = t.cls
+		e.mul = t.mul
 	}
 	leafInsert(&p.leaves, p.m, k, e, a)
 }
