@@ -12,11 +12,9 @@ import (
 // TestExp compares Density with its experimental rate-normalized variant
 // (norm) and with offline diagnostics that inject future knowledge
 // (docs/policy.md, "What did not work"). It is skipped unless -sweep is
-// given; the development trace must be passed after -args, because go test
-// takes -trace for itself (an execution trace it would write over the file):
+// given (-devtrace names another copy of the development trace):
 //
-//	EXP=density,norm,normtrue go test ./tiers/policy -run TestExp -count=1 -v \
-//	    -args -sweep -trace=/path/to/mooncake_synthetic_trace.jsonl
+//	EXP=density,norm,normtrue go test ./tiers/policy -run TestExp -count=1 -v -sweep
 //
 // EXP selects the variants (default: all); EXPQUICK=1 measures only the
 // development trace at 2,000 and 10,000 blocks, EXPDEV=1 the development

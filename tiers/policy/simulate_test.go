@@ -13,7 +13,7 @@ import (
 
 var (
 	sweep     = flag.Bool("sweep", false, "print the policy comparison tables (docs/policy.md)")
-	tracePath = flag.String("trace", "../../../shared/workloads/mooncake_synthetic_trace.jsonl", "development trace for the reference and sweep tests")
+	tracePath = flag.String("devtrace", "../../../shared/workloads/mooncake_synthetic_trace.jsonl", "development trace for the reference and sweep tests")
 )
 
 func devTrace(t testing.TB) []trace.Request {
