@@ -429,9 +429,10 @@ const lazyBell = 200 * time.Microsecond
 
 // pushLazy appends entries without ringing the doorbell. A release needs no
 // answer, and waking a sleeping ring loop for it costs a futex wake-up and
-// two context switches (about a tenth of 4-session Put/Get throughput on a
-// 2-CPU host); the session's next call, which follows at once in a busy
-// engine, rings for both, and a timer rings within lazyBell otherwise.
+// two context switches (a third of the client's wake-ups in a 4-session
+// Put/Get run; docs/benchmarks.md, "Lazy release doorbell"); the session's
+// next call, which follows at once in a busy engine, rings for both, and a
+// timer rings within lazyBell otherwise.
 func (cn *conn) pushLazy(es []shm.SQE) error {
 	cn.sqMu.Lock()
 	n := cn.ring.ClientPush(es)

@@ -157,8 +157,8 @@ func (l *Lease) Bytes() []byte { return l.buf }
 
 // Release unpins the block. It does not wait for the daemon: the session's
 // rings are ordered, so later calls of this session see it released; other
-// sessions see it within about 200 µs (the doorbell for a release is left to
-// the session's next call or to a short timer).
+// sessions see it after the session's next call or a 200 µs timer,
+// whichever comes first (a release rings no doorbell of its own).
 func (l *Lease) Release() error {
 	if !l.done.CompareAndSwap(false, true) {
 		return ErrDone
