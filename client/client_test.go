@@ -166,22 +166,30 @@ func startDaemon(t *testing.T) string {
 	return cfg.Socket
 }
 
+// openSession starts a daemon and opens a session of testNS on it; both
+// close with the test.
+func openSession(t *testing.T) (*client.Client, *client.Session) {
+	t.Helper()
+	sock := startDaemon(t)
+	c, err := client.Dial(context.Background(), client.Options{Socket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.Open(context.Background(), testNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, s
+}
+
 func testNS() client.Namespace {
 	return client.Namespace{ModelID: "m", Layers: 1, KVHeads: 1, HeadDim: 64, DType: "bf16", TokensPerBlock: 16, TPSize: 1, BlockBytes: 8192}
 }
 
 func TestFinishTwice(t *testing.T) {
-	sock := startDaemon(t)
 	ctx := context.Background()
-	c, err := client.Dial(ctx, client.Options{Socket: sock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.Open(ctx, testNS())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, s := openSession(t)
 	hs := client.ChainHashes(client.Hash{}, tokens(5*16, 4), 16)
 
 	r, err := s.Reserve(ctx, hs[0])
@@ -303,17 +311,8 @@ func TestClosed(t *testing.T) {
 // timer rings it. Without the timer the ring loop would only notice it when
 // its bounded sleep (50 ms) runs out.
 func TestLazyReleaseRings(t *testing.T) {
-	sock := startDaemon(t)
 	ctx := context.Background()
-	c, err := client.Dial(ctx, client.Options{Socket: sock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.Open(ctx, testNS())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, s := openSession(t)
 	h := client.ChainHashes(client.Hash{}, tokens(16, 7), 16)[0]
 	if ok, err := s.Put(ctx, h, bytes.Repeat([]byte{3}, 8192)); err != nil || !ok {
 		t.Fatal(ok, err)
