@@ -82,8 +82,8 @@ type dEntry struct {
 	leafNode[*dEntry]
 	last uint64
 	cls  uint16
-	mul  float64
-	dead bool // deadAt diagnostics only
+	dead bool    // deadAt diagnostics only
+	mul  float32 // norm's age multiplier (1 otherwise); these three share a word
 }
 
 const (
@@ -152,7 +152,7 @@ type tEntry struct {
 	prev, next *tEntry
 	last       uint64
 	first      uint64
-	mul        float64
+	mul        float32
 	cls        uint16
 	refs       int
 }
@@ -196,7 +196,7 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 	e := t.m[k]
 	if e != nil {
 		g := p.clock - e.last
-		p.st[e.cls].hits[ageBin(uint64(float64(g)*e.mul))]++
+		p.st[e.cls].hits[ageBin(uint64(float64(g)*float64(e.mul)))]++
 		t.unlink(e)
 		e.refs++
 	} else {
@@ -206,7 +206,7 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 			old := t.root.prev
 			t.unlink(old)
 			delete(t.m, old.key)
-			p.st[old.cls].cens[ageBin(uint64(float64(p.clock-old.last)*old.mul))]++
+			p.st[old.cls].cens[ageBin(uint64(float64(p.clock-old.last)*float64(old.mul)))]++
 		}
 	}
 	e.last = p.clock
@@ -217,7 +217,7 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 		if p.trueGap != nil {
 			g = p.trueGap(k)
 		}
-		e.mul = normK / max(g, 1)
+		e.mul = float32(normK / max(g, 1))
 	}
 	if p.reclass != nil {
 		e.cls = p.reclass(e.cls)
@@ -236,7 +236,7 @@ func (p *Density) reconfigure() {
 		clear(p.st[c].live[:])
 	}
 	for e := p.tr.root.next; e != &p.tr.root; e = e.next {
-		p.st[e.cls].live[ageBin(uint64(float64(p.clock-e.last)*e.mul))]++
+		p.st[e.cls].live[ageBin(uint64(float64(p.clock-e.last)*float64(e.mul)))]++
 	}
 	for c := range p.st {
 		s := &p.st[c]
@@ -308,7 +308,8 @@ func (p *Density) density(e *dEntry) float64 {
 	if e.mul == 0 {
 		e.mul = 1
 	}
-	return p.densAt(e.cls, uint64(float64(p.clock-e.last)*e.mul)) * e.mul
+	m := float64(e.mul)
+	return p.densAt(e.cls, uint64(float64(p.clock-e.last)*m)) * m
 }
 
 const normK = 256
