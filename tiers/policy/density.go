@@ -66,7 +66,8 @@ type Density struct {
 
 	// norm measures ages of reused blocks in units of the block's own mean
 	// inter-reference gap (experiment, not the default: docs/policy.md).
-	norm bool
+	norm  bool
+	first map[Key]uint64 // norm: clock of each history key's first reference
 
 	// trueGap and deadAt, when set (simulator diagnostics only, TestExp),
 	// inject future knowledge: trueGap replaces norm's estimated mean gap by
@@ -151,7 +152,6 @@ type tEntry struct {
 	key        Key
 	prev, next *tEntry
 	last       uint64
-	first      uint64
 	mul        float32
 	cls        uint16
 	refs       int
@@ -187,6 +187,13 @@ func NewDensity(capacity int) *Density {
 // Name implements Policy.
 func (p *Density) Name() string { return "density" }
 
+// enableNorm turns on the norm experiment (docs/policy.md, "Per-block
+// reference rate"); call it before the first reference.
+func (p *Density) enableNorm() {
+	p.norm = true
+	p.first = make(map[Key]uint64)
+}
+
 // observe records one reference of k in the tracker and returns the
 // block's class after this reference.
 func (p *Density) observe(k Key, a AccessInfo) uint16 {
@@ -200,12 +207,16 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 		t.unlink(e)
 		e.refs++
 	} else {
-		e = &tEntry{key: k, refs: 1, first: p.clock}
+		e = &tEntry{key: k, refs: 1}
 		t.m[k] = e
+		if p.norm {
+			p.first[k] = p.clock
+		}
 		for len(t.m) > t.limit {
 			old := t.root.prev
 			t.unlink(old)
 			delete(t.m, old.key)
+			delete(p.first, old.key)
 			p.st[old.cls].cens[ageBin(uint64(float64(p.clock-old.last)*float64(old.mul)))]++
 		}
 	}
@@ -213,7 +224,7 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 	e.cls = classOf(e.refs, p.reqHit, a.ChainLen)
 	e.mul = 1
 	if p.norm && e.refs >= 2 {
-		g := float64(p.clock-e.first) / float64(e.refs-1)
+		g := float64(p.clock-p.first[k]) / float64(e.refs-1)
 		if p.trueGap != nil {
 			g = p.trueGap(k)
 		}

@@ -89,7 +89,10 @@ func expVariants(w *Workload) map[string]func(n int) Policy {
 	mk := func(norm bool, g func(Key) float64, d func(uint64) bool) func(int) Policy {
 		return func(n int) Policy {
 			p := NewDensity(n)
-			p.norm, p.trueGap, p.deadAt = norm, g, d
+			if norm {
+				p.enableNorm()
+			}
+			p.trueGap, p.deadAt = g, d
 			return p
 		}
 	}
