@@ -323,6 +323,8 @@ func (p *Density) density(e *dEntry) float64 {
 	return p.densAt(e.cls, uint64(float64(p.clock-e.last)*m)) * m
 }
 
+// normK maps norm's ages (in mean gaps) onto the integer age bins: one mean
+// gap is age 256, so the bins resolve fractions of a gap.
 const normK = 256
 
 // densAt interpolates the class's density table linearly in log age.
