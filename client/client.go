@@ -67,7 +67,8 @@ type Options struct {
 	// DialTimeout bounds connect + handshake; default 5s.
 	DialTimeout time.Duration
 	// Spin is how long a waiting session polls its completion ring before
-	// sleeping; default 50µs. Only its own polling counts: while it yields
+	// sleeping; default 50µs, and 20 times that while other calls of the
+	// process are waiting too. Only its own polling counts: while it yields
 	// to the process's other goroutines or to other threads (the daemon),
 	// the clock stops. Longer lowers latency and burns more CPU.
 	Spin time.Duration
