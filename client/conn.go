@@ -321,8 +321,8 @@ const crowdFactor = 20
 // client a thread hand-off on its answer, so it polls for 20 × Spin.
 // Measured with 2 MiB Put/Get, 4 sessions on 2 CPUs: 21.6 → 22.8 GB/s
 // median (8 interleaved pairs); 4-session lookups 155–285 k → 253–408 k
-// ops/s; 1 session unchanged (docs/benchmarks.md, "Lazy release
-// doorbell").
+// ops/s; 1 session unchanged (docs/benchmarks.md, "Crowded callers spin
+// longer").
 func spinBudget(spin time.Duration, crowded bool) time.Duration {
 	if crowded {
 		return crowdFactor * spin
