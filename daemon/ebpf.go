@@ -146,16 +146,21 @@ func (d *Daemon) readExits(t *ebpf.ExitTracer) {
 		var ts unix.Timespec
 		_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 		lag := time.Duration(ts.Nano()) - ev.At
-		n := 0
+		var dead []*session
 		d.mu.Lock()
 		for _, s := range d.sessions {
 			if s.pid == ev.Tgid {
-				s.stop()
-				n++
+				dead = append(dead, s)
 			}
 		}
-		d.mu.Unlock()
+		// Counted before the sessions stop: their slots may be free (and
+		// observed) before stop even returns.
+		n := len(dead)
 		d.probes.exits.Add(uint64(n))
+		for _, s := range dead {
+			s.stop()
+		}
+		d.mu.Unlock()
 		if n > 0 {
 			d.log.Info("client process exited; freeing its sessions", "pid", ev.Tgid, "sessions", n, "event_lag", lag)
 		}
