@@ -87,10 +87,9 @@ func TestLRBSensitivity(t *testing.T) {
 	if !*sweep {
 		t.Skip("pass -sweep to measure")
 	}
-	w := Compile(devTrace(t))
-	for _, n := range []int{2000, 10000} {
-		lru := w.Simulate(n, NewLRU()).HitRatio()
-		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
+	w, bounds := devBounds(t)
+	for _, b := range bounds {
+		n, lru, bel := b.n, b.lru, b.bel
 		for _, c := range []struct {
 			train, horiz int
 			every        float64 // refit interval, in cache turnovers
@@ -209,10 +208,9 @@ func TestLRBHindsightBound(t *testing.T) {
 	if !*sweep {
 		t.Skip("pass -sweep to measure")
 	}
-	w := Compile(devTrace(t))
-	for _, n := range []int{2000, 10000} {
-		lru := w.Simulate(n, NewLRU()).HitRatio()
-		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
+	w, bounds := devBounds(t)
+	for _, b := range bounds {
+		n, lru, bel := b.n, b.lru, b.bel
 		f := &featProbe{LRB: NewLRB(n), w: w}
 		w.Simulate(n, f)
 		y := make([]float32, len(f.x))

@@ -34,10 +34,9 @@ func TestReuseOracleRefusesDeadBlocks(t *testing.T) {
 // LRU→Belady gap a perfect predictor of "will this block be referenced
 // again" closes, the bound that docs/policy.md quotes.
 func TestReuseOracleBound(t *testing.T) {
-	w := Compile(devTrace(t))
-	for _, n := range []int{2000, 10000} {
-		lru := w.Simulate(n, NewLRU()).HitRatio()
-		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
+	w, bounds := devBounds(t)
+	for _, b := range bounds {
+		n, lru, bel := b.n, b.lru, b.bel
 		or := w.Simulate(n, NewReuseOracle(w)).HitRatio()
 		chain := w.Simulate(n, NewChain(n)).HitRatio()
 		t.Logf("N=%d: LRU %.4f, reuse oracle %.4f (%.1f%% of the gap), Belady %.4f", n, lru, or, 100*gapFrac(or, lru, bel), bel)
@@ -55,10 +54,9 @@ func TestPredictorQualityNeeded(t *testing.T) {
 	if !*sweep {
 		t.Skip("pass -sweep to measure")
 	}
-	w := Compile(devTrace(t))
-	for _, n := range []int{2000, 10000} {
-		lru := w.Simulate(n, NewLRU()).HitRatio()
-		bel := w.Simulate(n, NewBelady(w, n)).HitRatio()
+	w, bounds := devBounds(t)
+	for _, b := range bounds {
+		n, lru, bel := b.n, b.lru, b.bel
 		own := w.Simulate(n, NewDensity(n)).HitRatio()
 		t.Logf("N=%d: density with its own classes %.4f (%.1f%% of the gap)", n, own, 100*gapFrac(own, lru, bel))
 		for _, q := range []float64{0.7, 0.8, 0.85, 0.9, 0.95, 1} {

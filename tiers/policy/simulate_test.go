@@ -72,6 +72,25 @@ func TestSimulateSmall(t *testing.T) {
 	}
 }
 
+// devBound is one cache size of the development trace with the two ends of
+// its LRU→Belady gap.
+type devBound struct {
+	n        int
+	lru, bel float64
+}
+
+// devBounds compiles the development trace and measures LRU and Belady at
+// the sizes the diagnostics report (2,000 and 10,000 blocks).
+func devBounds(t *testing.T) (*Workload, []devBound) {
+	t.Helper()
+	w := Compile(devTrace(t))
+	var bs []devBound
+	for _, n := range []int{2000, 10000} {
+		bs = append(bs, devBound{n, w.Simulate(n, NewLRU()).HitRatio(), w.Simulate(n, NewBelady(w, n)).HitRatio()})
+	}
+	return w, bs
+}
+
 func gapFrac(p, lru, bel float64) float64 {
 	if bel-lru < 1e-9 {
 		return math.NaN()
