@@ -194,9 +194,9 @@ func (p *Density) enableNorm() {
 	p.first = make(map[Key]uint64)
 }
 
-// observe records one reference of k in the tracker and returns the
-// block's class after this reference.
-func (p *Density) observe(k Key, a AccessInfo) uint16 {
+// observe records one reference of k in the tracker and returns its
+// tracker entry (the block's class and age multiplier after this reference).
+func (p *Density) observe(k Key, a AccessInfo) *tEntry {
 	p.clock++
 
 	t := &p.tr
@@ -238,7 +238,7 @@ func (p *Density) observe(k Key, a AccessInfo) uint16 {
 		p.reconfigure()
 		p.nextConf = p.clock + p.period
 	}
-	return e.cls
+	return e
 }
 
 func (p *Density) reconfigure() {
@@ -296,11 +296,10 @@ func (p *Density) reconfigure() {
 // Access implements Policy.
 func (p *Density) Access(k Key, a AccessInfo) {
 	p.begin(a, true)
-	c := p.observe(k, a)
+	t := p.observe(k, a)
 	if e := p.m[k]; e != nil {
 		e.last = p.clock
-		e.cls = c
-		e.mul = p.tr.m[k].mul
+		e.cls, e.mul = t.cls, t.mul
 		e.dead = p.deadAt != nil && p.deadAt(p.clock-1)
 	}
 }
@@ -315,9 +314,6 @@ func (p *Density) begin(a AccessInfo, hit bool) {
 func (p *Density) density(e *dEntry) float64 {
 	if e.worthless() || e.dead {
 		return -1
-	}
-	if e.mul == 0 {
-		e.mul = 1
 	}
 	m := float64(e.mul)
 	return p.densAt(e.cls, uint64(float64(p.clock-e.last)*m)) * m
