@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/internal/memcopy"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -408,7 +409,7 @@ func (s *Session) GetBatch(ctx context.Context, hashes []Hash, dsts [][]byte) ([
 	found := make([]bool, len(hashes))
 	for i, l := range ls {
 		if l != nil {
-			copy(dsts[i], l.buf)
+			memcopy.ToHot(dsts[i], l.buf)
 			found[i] = true
 		}
 	}
@@ -620,7 +621,7 @@ func (s *Session) Resume(ctx context.Context, requestID uint64, dsts [][]byte) e
 			missing++
 			continue
 		}
-		copy(dsts[i], l.buf)
+		memcopy.ToHot(dsts[i], l.buf)
 	}
 	if err := s.ReleaseBatch(ls); err != nil {
 		return fmt.Errorf("resume request %d: %w", requestID, err)
