@@ -459,15 +459,21 @@ const lazyBell = 200 * time.Microsecond
 // Put/Get run; docs/benchmarks.md, "Lazy release doorbell"); the session's
 // next call, which follows at once in a busy engine, rings for both, and a
 // timer rings within lazyBell otherwise.
+//
+// A loop that is still polling needs no doorbell at all, so then neither is
+// the timer armed: re-arming it costs the runtime a timer update, and at
+// times the wake-up of an idle thread, which then takes the CPU from that
+// polling loop (release 2.8 µs on average, p90 12.5 µs, one session
+// putting and getting 2 MiB blocks; 0.6 µs when the release rang at once).
 func (cn *conn) pushLazy(es []shm.SQE) error {
 	cn.sqMu.Lock()
 	n := cn.ring.ClientPush(es)
-	if n > 0 {
+	if n > 0 && cn.ring.ClientNeedsWake() {
 		cn.unrung = true
 	}
 	if n == len(es) {
 		// Armed under sqMu, so that push's disarm cannot stop this timer.
-		if cn.bellArmed.CompareAndSwap(false, true) {
+		if cn.unrung && cn.bellArmed.CompareAndSwap(false, true) {
 			cn.bell.Reset(lazyBell)
 		}
 		cn.sqMu.Unlock()

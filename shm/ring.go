@@ -155,6 +155,12 @@ func (r *Ring) ClientPush(es []SQE) int {
 	return n
 }
 
+// ClientNeedsWake reports whether entries pushed so far need the doorbell:
+// the daemon announced that it is going to sleep. Read after ClientPush,
+// false means the loop is polling and will find them (it re-checks the ring
+// after announcing a sleep, so an announcement after this read is covered).
+func (r *Ring) ClientNeedsWake() bool { return r.sqSleep.Load() != 0 }
+
 // ClientWake rings the daemon's doorbell if it went to sleep.
 func (r *Ring) ClientWake() {
 	if r.sqSleep.Load() != 0 {
