@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -366,5 +367,50 @@ func TestLoggerLevelVar(t *testing.T) {
 	}
 	if levelVarOf(slog.New(slog.DiscardHandler)) != nil {
 		t.Error("LevelVar found on a foreign logger")
+	}
+}
+
+// TestLoopsCounted: the daemon counts its ring loops (crowded, which lets
+// spinning loops skip runtime.Gosched, reads it), and a closed session's
+// loop leaves the count.
+func TestLoopsCounted(t *testing.T) {
+	cfg := testConfig(t)
+	r := startDaemon(t, cfg, nil)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: cfg.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitLoops := func(want int32) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for r.d.loops.Load() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("ring loops %d, want %d", r.d.loops.Load(), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var ss []*client.Session
+	for i := range runtime.GOMAXPROCS(0) {
+		s, err := c.Open(ctx, testNamespace(4096))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+		waitLoops(int32(i + 1))
+		if got, want := r.d.crowded(), i+1 >= runtime.GOMAXPROCS(0); got != want {
+			t.Fatalf("%d loops, GOMAXPROCS %d: crowded %v", i+1, runtime.GOMAXPROCS(0), got)
+		}
+	}
+	for _, s := range ss {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLoops(0)
+	if r.d.crowded() {
+		t.Fatal("crowded with no ring loop")
 	}
 }

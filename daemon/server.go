@@ -54,6 +54,7 @@ type Daemon struct {
 	wg       sync.WaitGroup
 	closing  atomic.Bool
 
+	loops       atomic.Int32 // ring loops running (one per session)
 	spinners    atomic.Int32 // ring loops currently spinning
 	maxSpinners int32
 	maxHot      int32 // spinning loops allowed when all of them are hot (shm.Pacer.Hot)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,7 +137,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		log:    log.With("session", id, "namespace", nsID, "client", h.Name),
 		region: region, ring: ring, data: ring.Data(),
 		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
-		pacer:  shm.Pacer{Yielding: true}, // spin only while the CPU is otherwise idle
+		pacer:  shm.Pacer{Yielding: true, Share: d.crowded}, // spin only while the CPU is otherwise idle
 		stopCh: make(chan struct{}), res: map[uint64]*tiers.Handle{}, leases: map[uint64]*tiers.Handle{},
 		deferred: make(chan deferredCQE, layout.Entries),
 		pending:  map[tiers.Key]policy.AccessInfo{},
@@ -193,6 +194,14 @@ func (s *session) stopped() bool {
 	}
 }
 
+// crowded reports whether the ring loops may leave other goroutines without
+// a P: with fewer loops than GOMAXPROCS one P is always left for the rest of
+// the daemon (and a loop woken from its futex finds it idle), so a spinning
+// loop needs not yield to the Go scheduler (shm.Pacer.Share).
+func (d *Daemon) crowded() bool {
+	return int(d.loops.Load()) >= runtime.GOMAXPROCS(0)
+}
+
 // run serves the session until the peer disconnects, breaks the protocol,
 // or the daemon stops; then frees everything the session held.
 func (s *session) run() {
@@ -202,7 +211,9 @@ func (s *session) run() {
 		defer wg.Done()
 		s.readControl()
 	}()
+	s.d.loops.Add(1)
 	err := s.loop()
+	s.d.loops.Add(-1)
 	t0 := time.Now()
 	s.teardown()
 	if errors.Is(err, errStopped) && s.badControl.Load() {

@@ -46,6 +46,17 @@ type Pacer struct {
 	// the CPU away and is woken with a fresh slice.
 	Yielding bool
 
+	// Share, when set, reports whether other goroutines of this process
+	// may be waiting for a P; while it returns false the spinner never
+	// calls runtime.Gosched. A Gosched puts the spinner on the global run
+	// queue and wakes an idle P's thread to look for work, which then takes
+	// CPU time from the spinner (and from the peer) only to find this one
+	// goroutine again: a daemon with fewer ring loops than Ps measured
+	// Commit and Delete round trips of 4–14 µs at the median with it and
+	// 1.5–1.9 µs without (docs/benchmarks.md, "Ring loops yield to the Go
+	// scheduler only when crowded"). nil: always share.
+	Share func() bool
+
 	goEvery, osEvery atomic.Uint32
 	// quick is a moving average (out of quickOne) of how many waits the
 	// peer answered within quickWindow; see Hot.
@@ -136,7 +147,7 @@ func (s *Spinner) Pause() bool {
 		return false
 	}
 	k := s.n / pauseEvery
-	if yieldDue(&s.p.goEvery, k) {
+	if yieldDue(&s.p.goEvery, k) && (s.p.Share == nil || s.p.Share()) {
 		runtime.Gosched()
 		t := time.Now()
 		learn(&s.p.goEvery, t.Sub(now) < goschedFast)

@@ -110,3 +110,24 @@ func TestPollQuick(t *testing.T) {
 		t.Fatalf("gave up after %v, window %v", el, quickWindow)
 	}
 }
+
+// TestPacerShare: a spin whose Pacer says nobody else needs a P never
+// yields to the Go scheduler (so it never learns a Gosched interval); one
+// that shares does, as paced.
+func TestPacerShare(t *testing.T) {
+	for _, share := range []bool{false, true} {
+		asked := 0
+		p := Pacer{Share: func() bool { asked++; return share }}
+		var s Spinner
+		s.Reset(300*time.Microsecond, &p)
+		for s.Pause() {
+		}
+		if asked == 0 {
+			t.Fatalf("share=%v: Share never consulted", share)
+		}
+		// goEvery changes only through learn, after a Gosched.
+		if got := p.goEvery.Load(); (got != 0) != share {
+			t.Fatalf("share=%v: Gosched interval %d after the spin", share, got)
+		}
+	}
+}
