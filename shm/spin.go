@@ -52,7 +52,7 @@ type Pacer struct {
 	// queue and wakes an idle P's thread to look for work, which then takes
 	// CPU time from the spinner (and from the peer) only to find this one
 	// goroutine again: a daemon with fewer ring loops than Ps measured
-	// Commit and Delete round trips of 4–14 µs at the median with it and
+	// Commit and Delete round trips of 2–14 µs at the median with it and
 	// 1.5–1.9 µs without (docs/benchmarks.md, "Ring loops yield to the Go
 	// scheduler only when crowded"). nil: always share.
 	Share func() bool

@@ -8,7 +8,9 @@ package memcopy
 const chunk = 256 << 10
 
 // ToHot copies src into dst (like copy) with ordinary, cache-allocating
-// stores, and returns the number of bytes copied.
+// stores, and returns the number of bytes copied. It copies forward, piece
+// by piece, so overlapping slices come out as copy's would only when dst
+// does not start after src.
 //
 // Go's copy writes any move of 1 MiB or more with non-temporal stores that
 // bypass the cache, which suits a destination nobody reads soon (an arena
