@@ -414,3 +414,22 @@ func TestLoopsCounted(t *testing.T) {
 		t.Fatal("crowded with no ring loop")
 	}
 }
+
+// TestSpinLimit: every loop may spin while there are no more loops than
+// CPUs, or when its session is hot; beyond that, half the CPUs.
+func TestSpinLimit(t *testing.T) {
+	for _, tc := range []struct {
+		loops int32
+		hot   bool
+		want  int32
+	}{
+		{0, false, 8}, {1, false, 8}, {8, false, 8}, {9, false, 4}, {100, false, 4},
+		{9, true, 8}, {100, true, 8},
+	} {
+		d := &Daemon{maxSpinners: 4, maxHot: 8}
+		d.loops.Store(tc.loops)
+		if got := d.spinLimit(tc.hot); got != tc.want {
+			t.Errorf("%d loops, hot %v: limit %d, want %d", tc.loops, tc.hot, got, tc.want)
+		}
+	}
+}

@@ -202,6 +202,16 @@ func (d *Daemon) crowded() bool {
 	return int(d.loops.Load()) >= runtime.GOMAXPROCS(0)
 }
 
+// spinLimit is how many ring loops may spin at once (see loop): one per
+// CPU for a hot session or while there are no more loops than CPUs, half
+// the CPUs otherwise.
+func (d *Daemon) spinLimit(hot bool) int32 {
+	if hot || d.loops.Load() <= d.maxHot {
+		return d.maxHot
+	}
+	return d.maxSpinners
+}
+
 // run serves the session until the peer disconnects, breaks the protocol,
 // or the daemon stops; then frees everything the session held.
 func (s *session) run() {
@@ -335,13 +345,14 @@ func (s *session) loop() error {
 			// session (its client answers at once, see shm.Pacer.Hot) is
 			// not idle, and each sleep would cost it a wake-up per round
 			// trip, so hot ones may spin up to one per CPU (still
-			// yielding to others).
+			// yielding to others). So may every loop while there are no
+			// more loops than CPUs: then there are not many to starve
+			// anyone, and a loop left asleep costs its client a futex
+			// wake-up on every call that follows a copy (2 sessions on 2
+			// vCPUs: 17–18 GB/s of Put/Get with the cap, 23–28 without;
+			// docs/benchmarks.md, "Few sessions may all spin").
 			spin := time.Duration(0)
-			limit := s.d.maxSpinners
-			if !s.granted && s.pacer.Hot() {
-				limit = s.d.maxHot
-			}
-			if s.d.spinners.Add(1) <= limit {
+			if s.d.spinners.Add(1) <= s.d.spinLimit(!s.granted && s.pacer.Hot()) {
 				spin = s.spin
 			}
 			s.ring.DaemonWaitPaced(spin, &s.pacer, sleepBound)
