@@ -2,7 +2,7 @@
 # Side by side (issue: evidence, point 4), in one run:
 #   1. kvtier's host tier vs Redis (Debian's redis-server, Unix socket,
 #      persistence off): the same 2 MiB blocks stored from a client buffer
-#      and fetched back into one, at equal concurrency (1 and 4), through
+#      and fetched back into one, at equal concurrency (1, 2 and 4), through
 #      scripts/redisbench (RESP spoken directly; kvtier through the Go
 #      client library, copying calls, and its zero-copy calls separately).
 #      redis-benchmark's own SET/GET figures follow as a cross-check.
@@ -12,7 +12,7 @@
 #
 # Environment (defaults in brackets): DURATION [5s] per measured run,
 # ROUNDS [3] interleaved rounds of step 1 (median shown), KEYS [256] live
-# working set in blocks, CONC [1,4], HOST_CAP [2GiB], NVME_DIR [/var/tmp]
+# working set in blocks, CONC [1,2,4], HOST_CAP [2GiB], NVME_DIR [/var/tmp]
 # (the filesystem step 3 measures), NVME_MIB [512] bytes per NVMe
 # measurement, SKIP_NVME=1 skips step 3.
 #
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
-DURATION=${DURATION:-5s} ROUNDS=${ROUNDS:-3} KEYS=${KEYS:-256} CONC=${CONC:-1,4}
+DURATION=${DURATION:-5s} ROUNDS=${ROUNDS:-3} KEYS=${KEYS:-256} CONC=${CONC:-1,2,4}
 HOST_CAP=${HOST_CAP:-2GiB} NVME_DIR=${NVME_DIR:-/var/tmp} NVME_MIB=${NVME_MIB:-512}
 
 if ! command -v redis-server >/dev/null; then
