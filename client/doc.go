@@ -15,8 +15,9 @@
 // Zero-copy: Reserve returns a slot to write into, then Commit; Acquire
 // returns a leased slot to read from, then Release. A lease pins the block:
 // the daemon neither evicts nor moves it until Release. Release does not
-// wait for the daemon and rings no doorbell of its own: the session's next
-// call carries it, or a timer within about 200 µs.
+// wait for the daemon and rings no doorbell of its own: a polling ring loop
+// takes it at once, a sleeping one with the session's next call or a timer
+// within about 200 µs.
 //
 // Ownership: each Session runs two goroutines (completion reaper and socket
 // watcher) that end with Close. After a daemon restart the session's calls

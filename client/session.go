@@ -157,9 +157,10 @@ type Lease struct {
 func (l *Lease) Bytes() []byte { return l.buf }
 
 // Release unpins the block. It does not wait for the daemon: the session's
-// rings are ordered, so later calls of this session see it released; other
-// sessions see it after the session's next call or a 200 µs timer,
-// whichever comes first (a release rings no doorbell of its own).
+// rings are ordered, so later calls of this session see it released. It
+// rings no doorbell of its own: a ring loop that is polling takes it at
+// once, a sleeping one with the session's next call or a 200 µs timer,
+// whichever comes first.
 func (l *Lease) Release() error {
 	if !l.done.CompareAndSwap(false, true) {
 		return ErrDone
