@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
@@ -24,7 +25,7 @@ func TestExp(t *testing.T) {
 	if !*sweep {
 		t.Skip("pass -sweep to compare the experimental variants")
 	}
-	all := []string{"density", "norm", "normtrue", "densdead", "normdead", "normdead1", "normdead2", "normtruedead"}
+	all := []string{"density", "seed56", "seed78", "noshrink", "shrink4", "shrink64", "norm", "normtrue", "densdead", "normdead", "normdead1", "normdead2", "normtruedead"}
 	names := all
 	if e := os.Getenv("EXP"); e != "" {
 		names = strings.Split(e, ",")
@@ -65,7 +66,10 @@ func TestExp(t *testing.T) {
 	}
 }
 
-// expVariants returns the variants for w. The diagnostics know w's future:
+// expVariants returns the variants for w: noshrink, shrink4 and shrink64 are
+// density with its classes' hazards shrunk towards their group's with
+// weight 0, 4 and 64 instead of dShrink; seed56 and seed78 are density with
+// other seeds of its victim sampler, to tell noise from effects. The diagnostics know w's future:
 //
 //   - normtrue: norm with each block's true mean gap over its whole life
 //     instead of the online estimate;
@@ -96,7 +100,26 @@ func expVariants(w *Workload) map[string]func(n int) Policy {
 			return p
 		}
 	}
+	shrunk := func(k float64) func(int) Policy {
+		return func(n int) Policy {
+			p := NewDensity(n)
+			p.shrink = k
+			return p
+		}
+	}
+	seeded := func(a, b uint64) func(int) Policy {
+		return func(n int) Policy {
+			p := NewDensity(n)
+			p.rng = rand.New(rand.NewPCG(a, b))
+			return p
+		}
+	}
 	return map[string]func(n int) Policy{
+		"seed56":       seeded(5, 6),
+		"seed78":       seeded(7, 8),
+		"noshrink":     shrunk(0),
+		"shrink4":      shrunk(4),
+		"shrink64":     shrunk(64),
 		"density":      mk(false, nil, nil),
 		"norm":         mk(true, nil, nil),
 		"normtrue":     mk(true, gap, nil),
