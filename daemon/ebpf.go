@@ -145,26 +145,35 @@ func (d *Daemon) readExits(t *ebpf.ExitTracer) {
 		}
 		var ts unix.Timespec
 		_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-		lag := time.Duration(ts.Nano()) - ev.At
-		var dead []*session
-		d.mu.Lock()
-		for _, s := range d.sessions {
-			if s.pid == ev.Tgid {
-				dead = append(dead, s)
-			}
-		}
-		// Counted before the sessions stop: their slots may be free (and
-		// observed) before stop even returns.
-		n := len(dead)
-		d.probes.exits.Add(uint64(n))
-		for _, s := range dead {
-			s.stop()
-		}
-		d.mu.Unlock()
-		if n > 0 {
-			d.log.Info("client process exited; freeing its sessions", "pid", ev.Tgid, "sessions", n, "event_lag", lag)
+		d.clientExited(ev.Tgid, time.Duration(ts.Nano())-ev.At)
+	}
+}
+
+// clientExited stops the sessions of process tgid, which died lag ago, and
+// returns how many it stopped. The probe may report one death twice: with
+// kill -9 the threads of a group exit concurrently, and two of them can both
+// find the group's live count at zero when they reach the tracepoint. A
+// session already stopping is therefore neither stopped nor counted again.
+func (d *Daemon) clientExited(tgid uint32, lag time.Duration) int {
+	var dead []*session
+	d.mu.Lock()
+	for _, s := range d.sessions {
+		if s.pid == tgid && !s.stopped() {
+			dead = append(dead, s)
 		}
 	}
+	// Counted before the sessions stop: their slots may be free (and
+	// observed) before stop even returns.
+	n := len(dead)
+	d.probes.exits.Add(uint64(n))
+	for _, s := range dead {
+		s.stop()
+	}
+	d.mu.Unlock()
+	if n > 0 {
+		d.log.Info("client process exited; freeing its sessions", "pid", tgid, "sessions", n, "event_lag", lag)
+	}
+	return n
 }
 
 // watchClient adds an opened session's client pid to the exit filter.

@@ -433,3 +433,36 @@ func TestSpinLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestClientExitedOnce: the exit probe may report one death twice (threads of
+// a killed group exit concurrently); the second report stops and counts
+// nothing.
+func TestClientExitedOnce(t *testing.T) {
+	cfg := testConfig(t)
+	r := startDaemon(t, cfg, nil)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: cfg.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 2 {
+		if _, err := c.Open(ctx, testNamespace(4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := r.d.probes.exits.Load()
+	pid := uint32(os.Getpid())
+	if n := r.d.clientExited(pid+1<<20, 0); n != 0 {
+		t.Fatalf("another pid's death stopped %d sessions", n)
+	}
+	if n := r.d.clientExited(pid, 0); n != 2 {
+		t.Fatalf("first report stopped %d sessions, want 2", n)
+	}
+	if n := r.d.clientExited(pid, 0); n != 0 {
+		t.Fatalf("second report of the same death stopped %d sessions, want 0", n)
+	}
+	if got := r.d.probes.exits.Load() - before; got != 2 {
+		t.Fatalf("client_exit_sessions_total grew by %d, want 2", got)
+	}
+}

@@ -108,7 +108,9 @@ func (t *ExitTracer) Watched() int {
 }
 
 // Read blocks until a watched process dies; after Close it returns an
-// error for which errors.Is(err, os.ErrClosed) holds.
+// error for which errors.Is(err, os.ErrClosed) holds. One death may be read
+// twice: when the threads of a group exit at once (kill -9), two of them can
+// both find the group's live count at zero at the tracepoint.
 func (t *ExitTracer) Read() (ExitEvent, error) {
 	for {
 		rec, err := t.rd.Read()

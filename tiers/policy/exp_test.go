@@ -69,7 +69,8 @@ func TestExp(t *testing.T) {
 // expVariants returns the variants for w: noshrink, shrink4 and shrink64 are
 // density with its classes' hazards shrunk towards their group's with
 // weight 0, 4 and 64 instead of dShrink; seed56 and seed78 are density with
-// other seeds of its victim sampler, to tell noise from effects. The diagnostics know w's future:
+// other seeds of its victim sampler, to tell noise from effects. The
+// diagnostics know w's future:
 //
 //   - normtrue: norm with each block's true mean gap over its whole life
 //     instead of the online estimate;
