@@ -43,8 +43,10 @@ import (
 // list operations; every capacity references the tables are recomputed,
 // which costs one pass over the history (16 × capacity entries) and
 // O(classes × bins²), i.e. O(1) per reference amortized. It closes more of
-// the LRU→Belady gap than Chain on every trace (docs/policy.md); where LRU
-// is already within 0.003 of Belady it may lose up to 0.0003 of hit ratio.
+// the LRU→Belady gap than Chain on every trace (docs/policy.md), but may
+// lose up to 0.003 of hit ratio to LRU in roomy caches of multi-turn chat,
+// where its classes carry no signal and its forgetting ranks a session's
+// newest blocks below older ones ("Held-out generator seeds").
 type Density struct {
 	capacity int
 	m        map[Key]*dEntry

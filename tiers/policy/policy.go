@@ -116,10 +116,9 @@ var factories = map[string]Factory{
 // Default is the name of the default policy: hit density with a keys-only
 // history (see density.go). It is the only candidate that beats LRU at every
 // size of the development trace by more than noise (+6% of the LRU→Belady
-// gap at 2,000 blocks, +19% at 10,000); in the roomiest caches of the
-// held-out half and of one synthetic chat trace, where LRU is already
-// within 0.003 of Belady, it pays 0.0003 of hit ratio for learning online
-// (docs/policy.md).
+// gap at 2,000 blocks, +19% at 10,000); in roomy caches of multi-turn chat
+// it may pay up to 0.003 of hit ratio against LRU for learning online, and
+// Chain, which never loses to LRU, is the choice there (docs/policy.md).
 const Default = "density"
 
 // New returns the named online policy for a tier of capacity blocks.

@@ -107,13 +107,17 @@ type workloadCase struct {
 // synthetic returns the generator workloads with sizes at 2.5%, 5%, 10%,
 // 20% and 40% of each trace's distinct blocks, so that every trace is
 // measured from a tight to a roomy cache.
-func synthetic() []workloadCase {
+func synthetic() []workloadCase { return syntheticSeeds(1, 2) }
+
+// syntheticSeeds returns the generators' traces for seeds, each at 2.5, 5,
+// 10, 20 and 40% of its distinct blocks.
+func syntheticSeeds(seeds ...uint64) []workloadCase {
 	var out []workloadCase
 	for _, g := range []struct {
 		name string
 		gen  func(uint64, int) []trace.Request
 	}{{"chat", trace.Chat}, {"docs", trace.Docs}, {"mixed", trace.Mixed}} {
-		for _, seed := range []uint64{1, 2} {
+		for _, seed := range seeds {
 			w := Compile(g.gen(seed, 4000))
 			var sizes []int
 			for _, f := range []float64{0.025, 0.05, 0.1, 0.2, 0.4} {
@@ -238,5 +242,62 @@ func TestSweep(t *testing.T) {
 		}
 		sb.WriteString("\n")
 		fmt.Print(sb.String())
+	}
+}
+
+// TestHeldOutSeeds measures the default and chain against LRU on generator
+// seeds the other tests and the design never used (3 to 8), per generator:
+// the mean fraction of the LRU→Belady gap closed, how many cells fall below
+// LRU and by how much at worst (docs/policy.md, "Held-out generator seeds").
+//
+//	go test ./tiers/policy -run TestHeldOutSeeds -sweep -v
+func TestHeldOutSeeds(t *testing.T) {
+	if !*sweep {
+		t.Skip("pass -sweep to measure the held-out generator seeds")
+	}
+	type tally struct {
+		cells, below int
+		sum, worst   float64
+	}
+	names := []string{Default, "chain"}
+	out := map[string]map[string]*tally{}
+	var gens []string
+	for _, c := range syntheticSeeds(3, 4, 5, 6, 7, 8) {
+		gen, _, _ := strings.Cut(c.name, "/")
+		if out[gen] == nil {
+			out[gen] = map[string]*tally{}
+			gens = append(gens, gen)
+		}
+		for _, n := range c.sizes {
+			lru := c.w.Simulate(n, NewLRU()).HitRatio()
+			bel := c.w.Simulate(n, NewBelady(c.w, n)).HitRatio()
+			for _, name := range names {
+				p, _ := New(name, n)
+				h := c.w.Simulate(n, p).HitRatio()
+				tl := out[gen][name]
+				if tl == nil {
+					tl = &tally{}
+					out[gen][name] = tl
+				}
+				tl.cells++
+				if h < lru {
+					tl.below++
+				}
+				tl.worst = min(tl.worst, h-lru)
+				if g := gapFrac(h, lru, bel); !math.IsNaN(g) {
+					tl.sum += g
+				}
+				if h < lru-0.0005 {
+					t.Logf("%s N=%d: %s %.4f, LRU %.4f, Belady %.4f", c.name, n, name, h, lru, bel)
+				}
+			}
+		}
+	}
+	for _, gen := range gens {
+		for _, name := range names {
+			tl := out[gen][name]
+			fmt.Printf("%-6s %-8s %d cells: mean gap closed %+.1f%%, below LRU in %d, worst %+.4f\n",
+				gen, name, tl.cells, 100*tl.sum/float64(tl.cells), tl.below, tl.worst)
+		}
 	}
 }
