@@ -62,6 +62,18 @@ type running struct {
 	done   chan error
 }
 
+// dialDaemon connects a client to the daemon of cfg; the client is closed
+// when the test ends, before the daemon stops.
+func dialDaemon(t *testing.T, cfg Config) *client.Client {
+	t.Helper()
+	c, err := client.Dial(context.Background(), client.Options{Socket: cfg.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func startDaemon(t *testing.T, cfg Config, log *slog.Logger) *running {
 	t.Helper()
 	if log == nil {
@@ -377,11 +389,7 @@ func TestLoopsCounted(t *testing.T) {
 	cfg := testConfig(t)
 	r := startDaemon(t, cfg, nil)
 	ctx := context.Background()
-	c, err := client.Dial(ctx, client.Options{Socket: cfg.Socket})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialDaemon(t, cfg)
 	waitLoops := func(want int32) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -441,11 +449,7 @@ func TestClientExitedOnce(t *testing.T) {
 	cfg := testConfig(t)
 	r := startDaemon(t, cfg, nil)
 	ctx := context.Background()
-	c, err := client.Dial(ctx, client.Options{Socket: cfg.Socket})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialDaemon(t, cfg)
 	for range 2 {
 		if _, err := c.Open(ctx, testNamespace(4096)); err != nil {
 			t.Fatal(err)
