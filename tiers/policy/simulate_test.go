@@ -129,10 +129,11 @@ func syntheticSeeds(seeds ...uint64) []workloadCase {
 	return out
 }
 
-// TestDefaultBeatsLRU checks the default never loses to LRU on the
-// development trace, its halves, and the synthetic generators.
-// lruTolerance is the hit ratio the default may give up against LRU on a
-// trace where LRU is already close to Belady.
+// TestDefaultBeatsLRU checks the default never loses more than lruTolerance
+// to LRU on the development trace, its halves, and the synthetic generators
+// at seeds 1 and 2. lruTolerance is the hit ratio the default may give up
+// against LRU in roomy caches. On held-out chat seeds it gives up more in
+// two cells (up to 0.0029; TestHeldOutSeeds, docs/policy.md).
 const lruTolerance = 0.002
 
 // TestDefaultGapOnDevTrace guards the default's measured gain on the
