@@ -268,23 +268,30 @@ func (p *Density) observe(k Key, a AccessInfo) *tEntry {
 }
 
 func (p *Density) reconfigure() {
-
 	for c := range p.st {
 		clear(p.st[c].live[:])
 	}
 	for e := p.tr.root.next; e != &p.tr.root; e = e.next {
 		p.st[e.cls].live[ageBin(uint64(float64(p.clock-e.last)*float64(e.mul)))]++
 	}
-	pool := p.pooledHazards()
+	// risk[c][b]: class c's references at risk at the start of bin b
+	// (reused, censored or still waiting at an age in bin b or later).
+	var risk [dClasses][dBins]float64
+	for c := range p.st {
+		s, r := &p.st[c], 0.0
+		for b := dBins - 1; b >= 0; b-- {
+			r += s.hits[b] + s.cens[b] + s.live[b]
+			risk[c][b] = r
+		}
+	}
+	pool := p.pooledHazards(&risk)
 	for c := range p.st {
 		s := &p.st[c]
 		g := &pool[classGroup(c)]
 		var haz [dBins]float64
-		risk := 0.0
 		top := -1
 		for b := dBins - 1; b >= 0; b-- {
-			risk += s.hits[b] + s.cens[b] + s.live[b]
-			if d := risk + p.shrink; d > 0 {
+			if d := risk[c][b] + p.shrink; d > 0 {
 				haz[b] = (s.hits[b] + p.shrink*g[b]) / d
 			}
 			if top < 0 && haz[b] > 0 {
@@ -322,31 +329,30 @@ func (p *Density) reconfigure() {
 }
 
 // pooledHazards returns, per class group and age bin, the Kaplan–Meier
-// hazard of all the group's classes together. Each class's hazard is
+// hazard of all the group's classes together, from each class's references
+// at risk per bin (risk). Each class's hazard is
 // shrunk towards it with the weight of p.shrink references at risk
 // (empirical Bayes): a class with few references in a bin, typically at
 // long ages or in a rare chain-length class, then follows its group rather
 // than the noise of a handful of events, while a class with many keeps its
 // own estimate.
-func (p *Density) pooledHazards() [dGroups][dBins]float64 {
+func (p *Density) pooledHazards(risk *[dClasses][dBins]float64) [dGroups][dBins]float64 {
 	var out [dGroups][dBins]float64
 	if p.shrink == 0 {
 		return out
 	}
-	var hits, risk [dGroups][dBins]float64
+	var hits, at [dGroups][dBins]float64
 	for c := range p.st {
-		s, g := &p.st[c], classGroup(c)
-		r := 0.0
-		for b := dBins - 1; b >= 0; b-- {
-			r += s.hits[b] + s.cens[b] + s.live[b]
-			hits[g][b] += s.hits[b]
-			risk[g][b] += r
+		g := classGroup(c)
+		for b := range dBins {
+			hits[g][b] += p.st[c].hits[b]
+			at[g][b] += risk[c][b]
 		}
 	}
 	for g := range out {
 		for b := range out[g] {
-			if risk[g][b] > 0 {
-				out[g][b] = hits[g][b] / risk[g][b]
+			if at[g][b] > 0 {
+				out[g][b] = hits[g][b] / at[g][b]
 			}
 		}
 	}
