@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"container/heap"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -35,18 +36,30 @@ import (
 // From it, for every age a, the hit density is the best ratio, over
 // horizons T > a, of the probability of a reuse in (a, T] to the expected
 // cache time spent until the reuse or T. Victim samples up to 64 leaves and
-// evicts the one with the lowest density at its current age (interpolated
+// picks the one with the lowest density at its current age (interpolated
 // in log age), orphans first; Admit refuses orphans only (a learned
 // admission threshold added nothing in the measurements).
 //
-// Every operation is O(1) amortized: history and class updates are map and
-// list operations; every capacity references the tables are recomputed,
-// which costs one pass over the history (16 × capacity entries) and
-// O(classes × bins²), i.e. O(1) per reference amortized. It closes more of
-// the LRU→Belady gap than Chain on every trace (docs/policy.md), but may
-// lose up to 0.003 of hit ratio to LRU in roomy caches of multi-turn chat,
-// where its classes carry no signal and its forgetting ranks a session's
-// newest blocks below older ones ("Held-out generator seeds").
+// Near ties go to a referee (referee.go): when the least recently used
+// leaf (kept exactly, in a heap) has a density within a factor √2 of the
+// pick's, the tables are not trusted blindly. Each such eviction is
+// recorded as a pair, and whichever of the two blocks is referenced first
+// shows which should have stayed; near ties follow density only while its
+// picks have been right more often than recency's (decayed like the
+// tables), and recency otherwise. Where classes carry no signal (multi-turn
+// chat, where every class has the same future) this stops the tables'
+// estimation error from ranking a live session's newest blocks below
+// older ones.
+//
+// Costs: history and class updates are map and list operations; every
+// capacity references the tables are recomputed, which costs one pass over
+// the history (16 × capacity entries) and O(classes × bins²), i.e. O(1) per
+// reference amortized; the age heap makes Insert, Remove and a hit on a
+// leaf O(log L) for L resident leaves; the referee is O(1) per reference
+// and holds at most capacity undecided pairs. It closes more of the
+// LRU→Belady gap than Chain on every trace (docs/policy.md), but may still
+// lose about 0.002 of hit ratio to LRU in roomy caches of multi-turn chat,
+// where only recency carries signal ("Held-out generator seeds").
 type Density struct {
 	capacity int
 	m        map[Key]*dEntry
@@ -87,6 +100,13 @@ type Density struct {
 	// pooled hazard in each class's estimate (dShrink; 0 turns pooling off,
 	// for experiments).
 	shrink float64
+
+	// byAge holds the leaves, least recently referenced on top, so that
+	// the least recently used leaf is known exactly; ref decides near ties
+	// between it and density's pick.
+	byAge dHeap
+	ref   referee
+	noRef bool // experiments: density decides near ties too
 }
 
 type dEntry struct {
@@ -96,6 +116,7 @@ type dEntry struct {
 	cls  uint16
 	dead bool    // deadAt diagnostics only
 	mul  float32 // norm's age multiplier (1 otherwise); these three share a word
+	hi   int32   // index in Density.byAge; -1 when not a leaf
 }
 
 const (
@@ -207,7 +228,19 @@ func NewDensity(capacity int) *Density {
 
 	p.period = uint64(p.capacity)
 	p.nextConf = 256
+	p.ref.init(p.capacity)
 	return p
+}
+
+// syncAge brings e's membership of byAge in line with whether it is a
+// leaf now (leafSet's index li).
+func (p *Density) syncAge(e *dEntry) {
+	switch {
+	case e.li >= 0 && e.hi < 0:
+		heap.Push(&p.byAge, e)
+	case e.li < 0 && e.hi >= 0:
+		heap.Remove(&p.byAge, int(e.hi))
+	}
 }
 
 // Name implements Policy.
@@ -224,6 +257,7 @@ func (p *Density) enableNorm() {
 // tracker entry (the block's class and age multiplier after this reference).
 func (p *Density) observe(k Key, a AccessInfo) *tEntry {
 	p.clock++
+	p.ref.seen(k)
 
 	t := &p.tr
 	e := t.m[k]
@@ -321,6 +355,9 @@ func (p *Density) reconfigure() {
 			p.dens[c][i] = best
 		}
 		// decay
+		if c == 0 {
+			p.ref.decay(dDecay)
+		}
 		for b := range s.hits {
 			s.hits[b] *= dDecay
 			s.cens[b] *= dDecay
@@ -365,6 +402,9 @@ func (p *Density) Access(k Key, a AccessInfo) {
 	t := p.observe(k, a)
 	if e := p.m[k]; e != nil {
 		e.last = p.clock
+		if e.hi >= 0 {
+			heap.Fix(&p.byAge, int(e.hi))
+		}
 		e.cls, e.mul = t.cls, t.mul
 		e.dead = p.deadAt != nil && p.deadAt(p.clock-1)
 	}
@@ -432,7 +472,29 @@ func (p *Density) pick() *dEntry {
 			best, bp, ba = e, pr, age
 		}
 	}
-	return best
+	if best == nil || bp < 0 || p.noRef {
+		return best
+	}
+	// A near tie with the least recently used leaf goes to the referee.
+	if p.byAge.Len() == 0 {
+		return best
+	}
+	old := p.byAge[0]
+	if old.pins > 0 || old == best {
+		return best
+	}
+	op := p.density(old)
+	if op < 0 {
+		return old // worthless: both rankings put it first
+	}
+	if op >= dTie*bp {
+		return best
+	}
+	p.ref.add(best.key, old.key)
+	if p.ref.trustDensity() {
+		return best
+	}
+	return old
 }
 
 // Insert implements Policy.
@@ -440,16 +502,31 @@ func (p *Density) Insert(k Key, a AccessInfo) {
 	if p.m[k] != nil {
 		return
 	}
-	e := &dEntry{key: k, last: p.clock, mul: 1}
+	e := &dEntry{key: k, last: p.clock, mul: 1, hi: -1}
 	if t := p.tr.m[k]; t != nil {
 		e.cls = t.cls
 		e.mul = t.mul
 	}
 	leafInsert(&p.leaves, p.m, k, e, a)
+	if par := e.parent; par != nil {
+		p.syncAge(par.self)
+	}
+	p.syncAge(e)
 }
 
 // Remove implements Policy.
-func (p *Density) Remove(k Key) { leafRemove(&p.leaves, p.m, k) }
+func (p *Density) Remove(k Key) {
+	e := p.m[k]
+	if e == nil {
+		return
+	}
+	par := e.parent
+	leafRemove(&p.leaves, p.m, k)
+	p.syncAge(e)
+	if par != nil && !par.gone {
+		p.syncAge(par.self)
+	}
+}
 
 // Victim implements Policy.
 func (p *Density) Victim() (Key, bool) {
@@ -467,6 +544,24 @@ func (p *Density) Victim() (Key, bool) {
 		return Key{}, false
 	}
 	return best.key, true
+}
+
+// dHeap orders Density's leaves by last reference, least recent on top.
+type dHeap []*dEntry
+
+func (h dHeap) Len() int           { return len(h) }
+func (h dHeap) Less(i, j int) bool { return h[i].last < h[j].last }
+func (h dHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].hi, h[j].hi = int32(i), int32(j)
+}
+func (h *dHeap) Push(x any) { e := x.(*dEntry); e.hi = int32(len(*h)); *h = append(*h, e) }
+func (h *dHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	e.hi = -1
+	return e
 }
 
 // Pin implements Policy.
