@@ -25,7 +25,8 @@
 // Policies are not safe for concurrent use: a tier calls them under its own
 // lock. Every operation is O(1) amortized (list and hash-map updates, a
 // fixed number of sketch counters) except where an implementation says
-// otherwise (Belady: O(log n)). Victim may skip pinned blocks; a skipped
+// otherwise (Belady, Chain, LRU-2: O(log n); Density: O(log n) for its age
+// heap of leaves). Victim may skip pinned blocks; a skipped
 // block is moved to the warm end (a leased block is in use, hence recent),
 // so each pinned block is skipped at most once per pass over the list and
 // the amortized cost stays O(1).
@@ -114,11 +115,12 @@ var factories = map[string]Factory{
 }
 
 // Default is the name of the default policy: hit density with a keys-only
-// history (see density.go). It is the only candidate that beats LRU at every
-// size of the development trace by more than noise (+6% of the LRU→Belady
-// gap at 2,000 blocks, +19% at 10,000); in roomy caches of multi-turn chat
-// it may pay up to 0.003 of hit ratio against LRU for learning online, and
-// Chain, which never loses to LRU, is the choice there (docs/policy.md).
+// history and near ties refereed against recency (see density.go). It is
+// the only candidate that beats LRU at every size of the development trace
+// by more than noise (+6% of the LRU→Belady gap at 2,000 blocks, +19% at
+// 10,000); in roomy caches of multi-turn chat it may still pay about 0.002
+// of hit ratio against LRU for learning online, and Chain, which never loses
+// to LRU, is the choice there (docs/policy.md).
 const Default = "density"
 
 // New returns the named online policy for a tier of capacity blocks.
