@@ -355,14 +355,12 @@ func (p *Density) reconfigure() {
 			p.dens[c][i] = best
 		}
 		// decay
-		if c == 0 {
-			p.ref.decay(dDecay)
-		}
 		for b := range s.hits {
 			s.hits[b] *= dDecay
 			s.cens[b] *= dDecay
 		}
 	}
+	p.ref.decay(dDecay)
 }
 
 // pooledHazards returns, per class group and age bin, the Kaplan–Meier
