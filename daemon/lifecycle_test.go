@@ -455,6 +455,21 @@ func TestClientExitedOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Open returns on the Welcome, which the daemon sends just before it
+	// registers the session: wait until both are registered.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r.d.mu.Lock()
+		n := len(r.d.sessions)
+		r.d.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions registered, want 2", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	before := r.d.probes.exits.Load()
 	pid := uint32(os.Getpid())
 	if n := r.d.clientExited(pid+1<<20, 0); n != 0 {
