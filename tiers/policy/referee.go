@@ -26,8 +26,9 @@ type referee struct {
 }
 
 type refPair struct {
-	d, r Key // density's pick, recency's pick
-	live bool
+	d, r       Key   // density's pick, recency's pick
+	dPos, rPos int32 // their places in pend[d] and pend[r]
+	live       bool
 }
 
 // dTie is the density ratio under which the referee decides: √2, half an
@@ -48,23 +49,27 @@ func (f *referee) add(d, r Key) {
 	i := int32(f.next)
 	f.next = (f.next + 1) % len(f.pairs)
 	if old := &f.pairs[i]; old.live {
-		f.unlink(old.d, i)
-		f.unlink(old.r, i)
+		f.unlink(old.d, old.dPos)
+		f.unlink(old.r, old.rPos)
 	}
-	f.pairs[i] = refPair{d: d, r: r, live: true}
+	f.pairs[i] = refPair{d: d, r: r, dPos: int32(len(f.pend[d])), rPos: int32(len(f.pend[r])), live: true}
 	f.pend[d] = append(f.pend[d], i)
 	f.pend[r] = append(f.pend[r], i)
 }
 
-func (f *referee) unlink(k Key, i int32) {
+// unlink removes the slot at place pos of pend[k] in O(1): the last slot
+// moves into its place, and its pair learns its new place. A key can be in
+// many pairs (the least recently used leaf, while it stays the oldest).
+func (f *referee) unlink(k Key, pos int32) {
 	l := f.pend[k]
-	for j, x := range l {
-		if x == i {
-			l[j] = l[len(l)-1]
-			l = l[:len(l)-1]
-			break
-		}
+	last := l[len(l)-1]
+	l[pos] = last
+	if p := &f.pairs[last]; p.d == k {
+		p.dPos = pos
+	} else {
+		p.rPos = pos
 	}
+	l = l[:len(l)-1]
 	if len(l) == 0 {
 		delete(f.pend, k)
 	} else {
@@ -88,10 +93,10 @@ func (f *referee) seen(k Key) {
 		p.live = false
 		if p.d == k {
 			f.wrong++
-			f.unlink(p.r, i)
+			f.unlink(p.r, p.rPos)
 		} else {
 			f.right++
-			f.unlink(p.d, i)
+			f.unlink(p.d, p.dPos)
 		}
 	}
 }

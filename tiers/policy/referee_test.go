@@ -170,3 +170,67 @@ func TestRefereeHeldOutChat(t *testing.T) {
 		t.Errorf("without the referee density %.4f is within %.3f of LRU %.4f: the case no longer tests the referee", without, lruTolerance, lru)
 	}
 }
+
+// TestRefereeModel checks the referee against a plain model (a list of
+// undecided pairs, each dropped once the ring has taken as many newer pairs
+// as it has slots) under random
+// pairs over a few keys, so that one key sits in many pairs, and checks
+// after every step that each pending slot knows its place.
+func TestRefereeModel(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const slots, keys = 16, 6
+	var f referee
+	f.init(slots)
+	type pair struct {
+		d, r Key
+		n    int // how many pairs were added before it
+	}
+	var model []pair
+	var right, wrong float64
+	added := 0
+	for step := range 20000 {
+		if r.IntN(3) > 0 {
+			d, rr := k(r.IntN(keys)), k(r.IntN(keys))
+			if d == rr {
+				continue
+			}
+			f.add(d, rr)
+			model = append(model, pair{d, rr, added})
+			added++
+			for len(model) > 0 && model[0].n <= added-1-slots {
+				model = model[1:] // its slot was taken
+			}
+		} else {
+			key := k(r.IntN(keys))
+			f.seen(key)
+			kept := model[:0]
+			for _, p := range model {
+				switch key {
+				case p.d:
+					wrong++
+				case p.r:
+					right++
+				default:
+					kept = append(kept, p)
+				}
+			}
+			model = kept
+		}
+		if f.right != right || f.wrong != wrong {
+			t.Fatalf("step %d: right %v wrong %v, model %v %v", step, f.right, f.wrong, right, wrong)
+		}
+		n := 0
+		for key, l := range f.pend {
+			for pos, slot := range l {
+				p := f.pairs[slot]
+				if !p.live || !(p.d == key && p.dPos == int32(pos) || p.r == key && p.rPos == int32(pos)) {
+					t.Fatalf("step %d: slot %d at place %d of its key's list: %+v", step, slot, pos, p)
+				}
+				n++
+			}
+		}
+		if n != 2*len(model) {
+			t.Fatalf("step %d: %d pending places, model has %d pairs", step, n, len(model))
+		}
+	}
+}
