@@ -33,7 +33,7 @@ type refPair struct {
 
 // dTie is the density ratio under which the referee decides: √2, half an
 // octave. Factors 2 and 4 did no better on held-out chat traces
-// (docs/policy.md, "Near ties").
+// (docs/policy.md, "Held-out generator seeds").
 const dTie = 1.4142135623730951
 
 func (f *referee) init(slots int) {
@@ -86,10 +86,7 @@ func (f *referee) seen(k Key) {
 	}
 	delete(f.pend, k)
 	for _, i := range l {
-		p := &f.pairs[i]
-		if !p.live {
-			continue
-		}
+		p := &f.pairs[i] // live: decided and overwritten pairs leave pend
 		p.live = false
 		if p.d == k {
 			f.wrong++
