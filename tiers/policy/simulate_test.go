@@ -349,8 +349,8 @@ func TestOtherTraces(t *testing.T) {
 				def, _ := New(Default, n)
 				got := c.w.Simulate(n, def).HitRatio()
 				ch := c.w.Simulate(n, NewChain(n)).HitRatio()
-				fmt.Printf("N=%-7d LRU %.4f  %s %.4f (%+.1f%%)  chain %.4f (%+.1f%%)  Belady %.4f\n",
-					n, lru, Default, got, 100*gapFrac(got, lru, bel), ch, 100*gapFrac(ch, lru, bel), bel)
+				fmt.Printf("N=%-7d LRU %.4f  %s %.4f (%s)  chain %.4f (%s)  Belady %.4f\n",
+					n, lru, Default, got, pctGap(got, lru, bel), ch, pctGap(ch, lru, bel), bel)
 				cells++
 				if got < lru {
 					below++
@@ -365,6 +365,15 @@ func TestOtherTraces(t *testing.T) {
 			fmt.Printf("%d cells: mean gap closed %+.1f%%, below LRU in %d\n", cells, 100*sum/float64(cells), below)
 		}
 	}
+}
+
+// pctGap formats the gap closed, or "no gap" where LRU is already optimal.
+func pctGap(h, lru, bel float64) string {
+	g := gapFrac(h, lru, bel)
+	if math.IsNaN(g) {
+		return "no gap"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*g)
 }
 
 // otherSizes returns the cache sizes TestOtherTraces measures for a trace
