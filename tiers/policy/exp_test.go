@@ -32,7 +32,7 @@ func TestExp(t *testing.T) {
 	}
 	reqs := devTrace(t)
 	a, b := trace.Split(reqs)
-	dev := []int{1000, 2000, 5000, 10000, 20000}
+	dev := devSizes
 	cases := []workloadCase{{"dev", Compile(reqs), dev}}
 	switch {
 	case os.Getenv("EXPQUICK") != "":

@@ -18,6 +18,14 @@ var (
 	others    = flag.String("traces", "", "comma-separated traces of the format that the design has not seen, for TestOtherTraces")
 )
 
+// devSizes are the cache sizes measured on the development trace and its
+// halves; sizeFractions those, as fractions of the distinct blocks, measured
+// on the synthetic generators.
+var (
+	devSizes      = []int{1000, 2000, 5000, 10000, 20000}
+	sizeFractions = []float64{0.025, 0.05, 0.1, 0.2, 0.4}
+)
+
 func devTrace(t testing.TB) []trace.Request {
 	t.Helper()
 	reqs, err := trace.ReadFile(*tracePath)
@@ -122,7 +130,7 @@ func syntheticSeeds(seeds ...uint64) []workloadCase {
 		for _, seed := range seeds {
 			w := Compile(g.gen(seed, 4000))
 			var sizes []int
-			for _, f := range []float64{0.025, 0.05, 0.1, 0.2, 0.4} {
+			for _, f := range sizeFractions {
 				sizes = append(sizes, max(1, int(f*float64(w.Blocks()))))
 			}
 			out = append(out, workloadCase{fmt.Sprintf("%s/seed%d", g.name, seed), w, sizes})
@@ -168,7 +176,7 @@ func TestDefaultBeatsLRU(t *testing.T) {
 	cases := synthetic()
 	if reqs, err := trace.ReadFile(*tracePath); err == nil {
 		a, b := trace.Split(reqs)
-		dev := []int{1000, 2000, 5000, 10000, 20000}
+		dev := devSizes
 		cases = append(cases, workloadCase{"dev", Compile(reqs), dev},
 			workloadCase{"dev/first-half", Compile(a), dev}, workloadCase{"dev/second-half", Compile(b), dev})
 	}
@@ -198,7 +206,7 @@ func TestSweep(t *testing.T) {
 	}
 	reqs := devTrace(t)
 	a, b := trace.Split(reqs)
-	dev := []int{1000, 2000, 5000, 10000, 20000}
+	dev := devSizes
 	cases := append([]workloadCase{{"dev (mooncake_synthetic_trace)", Compile(reqs), dev},
 		{"dev, first half", Compile(a), dev}, {"dev, second half", Compile(b), dev}}, synthetic()...)
 	order := []string{"lru", "lru2", "arc", "s3fifo", "hyper", "density", "lrb", "chain"}
@@ -381,10 +389,10 @@ func pctGap(h, lru, bel float64) string {
 // generators' fractions, ascending, each below the trace's distinct blocks.
 func otherSizes(blocks int) []int {
 	set := map[int]bool{}
-	for _, n := range []int{1000, 2000, 5000, 10000, 20000} {
+	for _, n := range devSizes {
 		set[n] = true
 	}
-	for _, f := range []float64{0.025, 0.05, 0.1, 0.2, 0.4} {
+	for _, f := range sizeFractions {
 		set[max(1, int(f*float64(blocks)))] = true
 	}
 	var out []int
