@@ -3,6 +3,8 @@ package policy
 import (
 	"math"
 	"testing"
+
+	"github.com/kvtier/kvtier/tiers/trace"
 )
 
 // TestDensityShrink checks the empirical-Bayes pooling of Density's
@@ -64,5 +66,64 @@ func TestDensityShrink(t *testing.T) {
 		if on.dens[reused][b] != 0 {
 			t.Fatalf("reused class got density %.3g at bin %d from another group", on.dens[reused][b], b)
 		}
+	}
+}
+
+// victimLog records the victims a policy names.
+type victimLog struct {
+	Policy
+	v []Key
+}
+
+func (l *victimLog) Victim() (Key, bool) {
+	k, ok := l.Policy.Victim()
+	if ok {
+		l.v = append(l.v, k)
+	}
+	return k, ok
+}
+
+// TestDensityWarmUp checks that Density evicts as chain does (the least
+// recently used leaf) for its first capacity evictions, while its tables
+// are young, and by its tables afterwards.
+func TestDensityWarmUp(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		reqs []trace.Request
+		frac float64
+	}{
+		{"docs", trace.Docs(1, 1500), 0.05},
+		{"chat", trace.Chat(2, 1500), 0.1},
+		{"mixed", trace.Mixed(3, 1500), 0.2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := Compile(tc.reqs)
+			n := int(tc.frac * float64(w.Blocks()))
+			d, c := &victimLog{Policy: NewDensity(n)}, &victimLog{Policy: NewChain(n)}
+			w.Simulate(n, d)
+			w.Simulate(n, c)
+			if len(d.v) < 2*n {
+				t.Fatalf("%d evictions at capacity %d: the trace is too short to test the warm-up", len(d.v), n)
+			}
+			same := 0
+			for same < min(len(d.v), len(c.v)) && d.v[same] == c.v[same] {
+				same++
+			}
+			if same < n {
+				t.Errorf("eviction %d of the first %d differs from chain's", same, n)
+			}
+			if same == len(d.v) {
+				t.Errorf("all %d evictions equal chain's: the tables never decided", len(d.v))
+			}
+			cold := &victimLog{Policy: func() Policy { p := NewDensity(n); p.noWarm = true; return p }()}
+			w.Simulate(n, cold)
+			early := 0
+			for early < min(len(cold.v), len(c.v)) && cold.v[early] == c.v[early] {
+				early++
+			}
+			if early >= n {
+				t.Errorf("without the warm-up the first %d evictions still equal chain's: the case does not test it", early)
+			}
+		})
 	}
 }

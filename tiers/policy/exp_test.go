@@ -25,7 +25,7 @@ func TestExp(t *testing.T) {
 	if !*sweep {
 		t.Skip("pass -sweep to compare the experimental variants")
 	}
-	all := []string{"density", "noref", "seed56", "seed78", "noshrink", "shrink4", "shrink64", "norm", "normtrue", "densdead", "normdead", "normdead1", "normdead2", "normtruedead"}
+	all := []string{"density", "nowarm", "noref", "seed56", "seed78", "noshrink", "shrink4", "shrink64", "norm", "normtrue", "densdead", "normdead", "normdead1", "normdead2", "normtruedead"}
 	names := all
 	if e := os.Getenv("EXP"); e != "" {
 		names = strings.Split(e, ",")
@@ -66,8 +66,9 @@ func TestExp(t *testing.T) {
 	}
 }
 
-// expVariants returns the variants for w: noref is density without its
-// referee (near ties decided by the tables alone); noshrink, shrink4 and shrink64 are
+// expVariants returns the variants for w: nowarm is density without its
+// warm-up (its tables decide from the first eviction); noref is density
+// without its referee (near ties decided by the tables alone); noshrink, shrink4 and shrink64 are
 // density with its classes' hazards shrunk towards their group's with
 // weight 0, 4 and 64 instead of dShrink; seed56 and seed78 are density with
 // other seeds of its victim sampler, to tell noise from effects. The
@@ -117,6 +118,11 @@ func expVariants(w *Workload) map[string]func(n int) Policy {
 		}
 	}
 	return map[string]func(n int) Policy{
+		"nowarm": func(n int) Policy {
+			p := NewDensity(n)
+			p.noWarm = true
+			return p
+		},
 		"noref": func(n int) Policy {
 			p := NewDensity(n)
 			p.noRef = true
