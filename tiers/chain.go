@@ -172,7 +172,10 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		cfg.Policy = policy.Default
 	}
 	_, capacity := host.Usage()
-	// The policy's size hint, in blocks: KV blocks are rarely below 1 MiB.
+	// The policy's size hint, in blocks, assuming 1 MiB blocks: the block
+	// size is the client's. The default policy (density) resizes itself to
+	// the blocks resident when the tier first needs a victim; the other
+	// policies keep the hint.
 	pol, err := policy.New(cfg.Policy, int(max(capacity>>20, 1024)))
 	if err != nil {
 		return nil, err

@@ -127,3 +127,81 @@ func TestDensityWarmUp(t *testing.T) {
 		})
 	}
 }
+
+// TestDensityCalibrate checks that Density sizes itself to the blocks
+// resident at its first Victim when NewDensity's capacity is only a hint
+// (the daemon's is host bytes / 1 MiB) and grows it as soon as more blocks
+// than the hint are resident: every size-dependent parameter follows, a
+// demotion pass between watermarks does not move it, and the
+// hit ratio with a hint 64 times too large or too small is within 0.005 of
+// the one with the true size, where without calibration a hint 8 times too
+// large loses far more (the warm-up and forgetting are 8 turnovers long).
+func TestDensityCalibrate(t *testing.T) {
+	t.Run("parameters", func(t *testing.T) {
+		p := NewDensity(8000)
+		for i := range 1000 {
+			k := KeyOf(int64(i))
+			a := AccessInfo{Request: uint64(i)}
+			if !p.Admit(k, a) {
+				t.Fatalf("head block %d refused", i)
+			}
+			p.Insert(k, a)
+		}
+		for _, tt := range []struct {
+			resident, want int
+		}{
+			{1000, 1000}, // the hint was 8×: calibrate
+			{900, 1000},  // a demotion pass towards the low watermark: keep
+			{1200, 1000}, // within a quarter: keep
+			{1300, 1250}, // grown by a quarter: followed at the insert that got there
+		} {
+			for len(p.m) > tt.resident {
+				k, ok := p.Victim()
+				if !ok {
+					t.Fatal("no victim")
+				}
+				p.Remove(k)
+			}
+			for i := int64(1 << 20); len(p.m) < tt.resident; i++ {
+				p.Insert(KeyOf(i), AccessInfo{})
+			}
+			p.Victim()
+			if p.capacity != tt.want || p.tr.limit != dHistory*tt.want || p.period != uint64(tt.want) || len(p.ref.pairs) != tt.want {
+				t.Errorf("%d resident: capacity %d, history %d, period %d, referee slots %d; want %d, %d, %d, %d",
+					tt.resident, p.capacity, p.tr.limit, p.period, len(p.ref.pairs), tt.want, dHistory*tt.want, tt.want, tt.want)
+			}
+			if len(p.tr.m) > p.tr.limit {
+				t.Errorf("%d resident: history holds %d entries over its limit %d", tt.resident, len(p.tr.m), p.tr.limit)
+			}
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		reqs []trace.Request
+		frac float64
+	}{
+		{"docs", trace.Docs(1, 4000), 0.1},
+		{"mixed", trace.Mixed(1, 4000), 0.05},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := Compile(tc.reqs)
+			n := int(tc.frac * float64(w.Blocks()))
+			exact := w.Simulate(n, NewDensity(n)).HitRatio()
+			lru := w.Simulate(n, NewLRU()).HitRatio()
+			for _, hint := range []int{n / 64, n / 8, 8 * n, 64 * n} {
+				got := w.Simulate(n, NewDensity(hint)).HitRatio()
+				t.Logf("N=%d hint %d: %.4f (true size %.4f, LRU %.4f)", n, hint, got, exact, lru)
+				if math.Abs(got-exact) > 0.005 {
+					t.Errorf("N=%d hint %d: hit ratio %.4f, with the true size %.4f", n, hint, got, exact)
+				}
+			}
+			p := NewDensity(8 * n)
+			p.noCalibrate = true
+			got := w.Simulate(n, p).HitRatio()
+			t.Logf("N=%d hint %d, not calibrated: %.4f", n, 8*n, got)
+			if exact-got < 0.01 {
+				t.Errorf("N=%d: without calibration a hint of 8× loses only %.4f: the case does not test it", n, exact-got)
+			}
+		})
+	}
+}

@@ -36,9 +36,12 @@ type refPair struct {
 // (docs/policy.md, "Held-out generator seeds").
 const dTie = 1.4142135623730951
 
+// init empties the referee's undecided pairs (its counts stay) and gives it
+// room for slots of them.
 func (f *referee) init(slots int) {
 	f.pairs = make([]refPair, max(slots, 1))
 	f.pend = make(map[Key][]int32)
+	f.next = 0
 }
 
 // trustDensity reports whether near ties currently follow density.
