@@ -277,18 +277,17 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
 	}
 
-	hs := d.host.Stats()
+	hs, cs := d.host.Stats(), d.chain.Stats()
 	counter(descTierHits, hs.Hits, "host")
 	counter(descTierMisses, hs.Misses, "host")
 	gauge(descTierBytes, float64(hs.UsedBytes), "host")
 	gauge(descTierBlocks, float64(hs.Blocks), "host")
 	gauge(descTierCapacity, float64(hs.CapacityBytes), "host")
-	counter(descTierEvictions, hs.Evictions, "host")
+	counter(descTierEvictions, hostEvictions(hs, cs), "host")
 	gauge(descHostReserved, float64(hs.Reserved))
 	gauge(descHostLeased, float64(hs.Leased))
 	counter(descHostCompactions, hs.Compactions)
 
-	cs := d.chain.Stats()
 	var checksumMisses uint64
 	if d.nvme != nil {
 		ns := d.nvme.Stats()

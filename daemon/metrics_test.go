@@ -223,6 +223,17 @@ func TestMetricsMoveWithOps(t *testing.T) {
 		t.Errorf("kvtier_sessions = %v with one session open", v)
 	}
 
+	// A block stored without its parent is an orphan: the policy refuses
+	// it, and the mover drops it (counted as a host eviction) instead of
+	// writing it down.
+	orphan := testBlocks(7, 2)
+	if _, err := s.Lookup(ctx, orphan); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, orphan[1], block(orphan[1], bs)); err != nil {
+		t.Fatalf("put of the orphan: %v", err)
+	}
+
 	hs := testBlocks(3, 64) // 64MiB: twice the host tier
 	for i, h := range hs {
 		if _, err := s.Put(ctx, h, block(h, bs)); err != nil {
@@ -293,6 +304,12 @@ func TestMetricsMoveWithOps(t *testing.T) {
 			t.Errorf("%s%v did not increase: %v → %v", name, labels, b, a)
 		}
 		return a - b
+	}
+	if n := increased("kvtier_tier_evictions_total", "tier", "host"); n != 1 {
+		t.Errorf("host evictions rose by %v, want 1 (the refused orphan; the puts waited for the mover)", n)
+	}
+	if err := s.Get(ctx, orphan[1], dst); err == nil {
+		t.Error("the refused orphan is still cached after the mover passed")
 	}
 	increased("kvtier_tier_hits_total", "tier", "host")
 	increased("kvtier_tier_misses_total", "tier", "host")

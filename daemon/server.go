@@ -519,9 +519,17 @@ func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
 	}
 }
 
+// hostEvictions counts the blocks that left the host tier without a copy
+// below: dropped at allocation to make room, and blocks the policy refused,
+// which the mover drops instead of writing them down.
+func hostEvictions(hs tiers.HostStats, cs tiers.ChainStats) uint64 {
+	return hs.Evictions + cs.RefusedDrops
+}
+
 // Stats reports the daemon's state.
 func (d *Daemon) Stats() shm.Stats {
 	hs := d.host.Stats()
+	cs := d.chain.Stats()
 	ratio := 0.0
 	if hs.Hits+hs.Misses > 0 {
 		ratio = float64(hs.Hits) / float64(hs.Hits+hs.Misses)
@@ -532,13 +540,12 @@ func (d *Daemon) Stats() shm.Stats {
 		Tiers: []shm.TierStats{{
 			Name: "host", CapacityBytes: hs.CapacityBytes, UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
 			Reserved: hs.Reserved, Leased: hs.Leased, Hits: hs.Hits, Misses: hs.Misses,
-			Evictions: hs.Evictions, HitRatio: ratio, HugePages: d.arena.Huge,
+			Evictions: hostEvictions(hs, cs), HitRatio: ratio, HugePages: d.arena.Huge,
 			Compactions: hs.Compactions, CompactedBlocks: hs.CompactedBlocks,
 		}},
 		SessionsTotal: d.sessionsTotal.Load(), SessionsBad: d.sessionsBad.Load(),
 		Ops: map[string]uint64{},
 	}
-	cs := d.chain.Stats()
 	if d.nvme != nil {
 		ns := d.nvme.Stats()
 		nr := 0.0
