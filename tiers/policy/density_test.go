@@ -69,6 +69,20 @@ func TestDensityShrink(t *testing.T) {
 	}
 }
 
+// genCase is a generator trace and a cache size as a fraction of its
+// distinct blocks.
+type genCase struct {
+	name string
+	reqs []trace.Request
+	frac float64
+}
+
+// sized compiles the trace and returns it with the cache size in blocks.
+func (c genCase) sized() (*Workload, int) {
+	w := Compile(c.reqs)
+	return w, int(c.frac * float64(w.Blocks()))
+}
+
 // victimLog records the victims a policy names.
 type victimLog struct {
 	Policy
@@ -87,18 +101,13 @@ func (l *victimLog) Victim() (Key, bool) {
 // recently used leaf) for its first capacity evictions, while its tables
 // are young, and by its tables afterwards.
 func TestDensityWarmUp(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		reqs []trace.Request
-		frac float64
-	}{
+	for _, tc := range []genCase{
 		{"docs", trace.Docs(1, 1500), 0.05},
 		{"chat", trace.Chat(2, 1500), 0.1},
 		{"mixed", trace.Mixed(3, 1500), 0.2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := Compile(tc.reqs)
-			n := int(tc.frac * float64(w.Blocks()))
+			w, n := tc.sized()
 			d, c := &victimLog{Policy: NewDensity(n)}, &victimLog{Policy: NewChain(n)}
 			w.Simulate(n, d)
 			w.Simulate(n, c)
@@ -175,17 +184,12 @@ func TestDensityCalibrate(t *testing.T) {
 			}
 		}
 	})
-	for _, tc := range []struct {
-		name string
-		reqs []trace.Request
-		frac float64
-	}{
+	for _, tc := range []genCase{
 		{"docs", trace.Docs(1, 4000), 0.1},
 		{"mixed", trace.Mixed(1, 4000), 0.05},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := Compile(tc.reqs)
-			n := int(tc.frac * float64(w.Blocks()))
+			w, n := tc.sized()
 			exact := w.Simulate(n, NewDensity(n)).HitRatio()
 			lru := w.Simulate(n, NewLRU()).HitRatio()
 			for _, hint := range []int{n / 64, n / 8, 8 * n, 64 * n} {
