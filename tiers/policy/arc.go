@@ -18,6 +18,7 @@ type ARC struct {
 	lastInB2       bool // the last inserted block came from B2
 	victim         Key
 	victimOK       bool
+	sized          bool // a Victim has been asked for: the tier was full (size.go)
 }
 
 const (
@@ -114,6 +115,25 @@ func (a *ARC) Insert(k Key, info AccessInfo) {
 	e = &entry{key: k, seg: segT1}
 	a.m[k] = e
 	a.t1.pushFront(e)
+	if !a.sized {
+		a.size(grown(a.c, a.Len()))
+	}
+}
+
+// size sets c to the n blocks the tier holds (size.go) and trims the ghost
+// lists to the directory bounds of the new c.
+func (a *ARC) size(n int) {
+	if !resized(a.c, n) {
+		return
+	}
+	a.c = n
+	a.p = min(a.p, a.c)
+	for a.t1.n+a.b1.n > a.c && a.b1.n > 0 {
+		a.dropLRU(&a.b1)
+	}
+	for a.t1.n+a.t2.n+a.b1.n+a.b2.n > 2*a.c && a.b2.n > 0 {
+		a.dropLRU(&a.b2)
+	}
 }
 
 // Remove implements Policy.
@@ -138,6 +158,8 @@ func (a *ARC) Remove(k Key) {
 
 // Victim implements Policy (ARC's REPLACE).
 func (a *ARC) Victim() (Key, bool) {
+	a.sized = true
+	a.size(a.Len())
 	first, second := &a.t2, &a.t1
 	if a.t1.n > 0 && (a.t1.n > a.p || (a.lastInB2 && a.t1.n == a.p)) {
 		first, second = &a.t1, &a.t2

@@ -1,8 +1,11 @@
 package policy
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvtier/kvtier/tiers/trace"
 )
 
 // online lists every online policy under test.
@@ -102,21 +105,32 @@ func TestConformance(t *testing.T) {
 					t.Fatalf("only k0 unpinned, Victim = %v, %v", v, ok)
 				}
 			})
-			t.Run("random-ops", func(t *testing.T) { randomOps(t, f, 32, 20000) })
+			t.Run("random-ops", func(t *testing.T) { randomOps(t, f, 32, 32, 20000) })
+			// Built for the wrong size, in a tier whose size in blocks
+			// changes: the policies that size themselves (size.go) resize
+			// while blocks are pinned and removed under them.
+			t.Run("random-ops-small-hint", func(t *testing.T) { randomOps(t, f, 4, 32, 20000) })
+			t.Run("random-ops-large-hint", func(t *testing.T) { randomOps(t, f, 256, 32, 20000) })
 		})
 	}
 }
 
-// randomOps drives a policy with random operations against a model of the
-// resident set and the pins, at a fixed capacity, and checks that Victim
-// only names resident unpinned blocks and that Len matches.
-func randomOps(t *testing.T, f Factory, capacity, ops int) {
+// randomOps drives a policy built with capacity hint with random operations
+// against a model of the resident set and the pins, and checks that Victim
+// only names resident unpinned blocks and that Len matches. The tier holds
+// capacity blocks, or a third of that in every other stretch of 2,000
+// operations when hint differs from capacity.
+func randomOps(t *testing.T, f Factory, hint, capacity, ops int) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(7, 8))
-	p := f(capacity)
+	p := f(hint)
+	full := capacity
 	res := map[Key]bool{}
 	pins := map[Key]int{}
 	for op := range ops {
+		if capacity = full; hint != full && (op/2000)%2 == 1 {
+			capacity = full / 3
+		}
 		req := uint64(op / 8)
 		id := r.IntN(4 * capacity)
 		key, a := k(id), AccessInfo{Pos: id % 8, ChainLen: 8, Request: req, TimeMs: int64(op)}
@@ -183,5 +197,70 @@ func TestGhostBounded(t *testing.T) {
 	}
 	if !g.has(k(99%7)) || !g.take(k(99%7)) || g.has(k(99%7)) {
 		t.Fatal("ghost lost its newest key or take failed")
+	}
+}
+
+// TestGhostResized checks that a resized ghost keeps the most recent keys
+// that fit and stays bounded.
+func TestGhostResized(t *testing.T) {
+	g := newGhost(4)
+	for i := range 10 {
+		g.add(k(i))
+	}
+	g.take(k(8))
+	for _, tt := range []struct {
+		capacity int
+		want     []int
+	}{
+		{2, []int{7, 9}},
+		{8, []int{6, 7, 9}},
+	} {
+		h := g.resized(tt.capacity)
+		if h.len() != len(tt.want) {
+			t.Errorf("resized to %d: %d keys, want %v", tt.capacity, h.len(), tt.want)
+		}
+		for _, i := range tt.want {
+			if !h.has(k(i)) {
+				t.Errorf("resized to %d: lost key %d", tt.capacity, i)
+			}
+		}
+		for i := 100; i < 120; i++ {
+			h.add(k(i))
+		}
+		if h.len() != tt.capacity || !h.has(k(119)) {
+			t.Errorf("resized to %d, then 20 adds: %d keys, newest kept %v", tt.capacity, h.len(), h.has(k(119)))
+		}
+	}
+}
+
+// TestSizeToTier checks that the size-dependent classic policies size
+// themselves to the tier (size.go): built with a capacity 8 times too small
+// or too large, each gets within 0.005 of the hit ratio it gets when told
+// the true size.
+func TestSizeToTier(t *testing.T) {
+	cases := []genCase{
+		{"docs", trace.Docs(1, 4000), 0.1},
+		{"mixed", trace.Mixed(1, 4000), 0.05},
+		{"chat", trace.Chat(1, 4000), 0.1},
+	}
+	for _, name := range []string{"arc", "s3fifo", "lru2"} {
+		for _, tc := range cases {
+			t.Run(name+"/"+tc.name, func(t *testing.T) {
+				w, n := tc.sized()
+				hit := func(hint int) float64 {
+					p, err := New(name, hint)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return w.Simulate(n, p).HitRatio()
+				}
+				exact := hit(n)
+				for _, hint := range []int{n / 8, 8 * n} {
+					if got := hit(hint); math.Abs(got-exact) > 0.005 {
+						t.Errorf("N=%d hint %d: hit ratio %.4f, with the true size %.4f", n, hint, got, exact)
+					}
+				}
+			})
+		}
 	}
 }

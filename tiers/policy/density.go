@@ -125,6 +125,7 @@ type Density struct {
 	evictions int
 	noWarm    bool // experiments: the tables decide from the first eviction
 
+	sized       bool // a Victim has been asked for: the tier was full (calibrate)
 	noCalibrate bool // experiments: keep NewDensity's capacity (calibrate)
 }
 
@@ -532,7 +533,9 @@ func (p *Density) pick() *dEntry {
 }
 
 // calibrate sizes the policy to the n blocks resident when the tier asks
-// for a victim, or to more than the hint as soon as that many are resident.
+// for a victim; while the tier is still filling (no victim asked yet), it
+// at least doubles the size once a quarter more blocks than that are
+// resident (grown).
 // The capacity given to NewDensity is only a hint: a tier that holds bytes
 // knows its size in blocks once it is full (the daemon passes host bytes /
 // 1 MiB, and KV blocks range from about 1 to 64 MiB).
@@ -547,7 +550,7 @@ func (p *Density) pick() *dEntry {
 // default). Shrinking trims the history at once: a pass over the entries
 // above the new limit, once per calibration.
 func (p *Density) calibrate(n int) {
-	if p.noCalibrate || n <= 0 || (4*n < 5*p.capacity && 5*n > 4*p.capacity) {
+	if p.noCalibrate || !resized(p.capacity, n) {
 		return
 	}
 	p.capacity = n
@@ -573,9 +576,8 @@ func (p *Density) Insert(k Key, a AccessInfo) {
 		p.syncAge(par.self)
 	}
 	p.syncAge(e)
-	if len(p.m) > p.capacity {
-		// The tier holds more than the hint: it is at least this large.
-		p.calibrate(len(p.m))
+	if !p.sized {
+		p.calibrate(grown(p.capacity, len(p.m)))
 	}
 }
 
@@ -595,6 +597,7 @@ func (p *Density) Remove(k Key) {
 
 // Victim implements Policy.
 func (p *Density) Victim() (Key, bool) {
+	p.sized = true
 	p.calibrate(len(p.m))
 	best := p.pick()
 	if best == nil {

@@ -139,9 +139,10 @@ func TestDensityWarmUp(t *testing.T) {
 
 // TestDensityCalibrate checks that Density sizes itself to the blocks
 // resident at its first Victim when NewDensity's capacity is only a hint
-// (the daemon's is host bytes / 1 MiB) and grows it as soon as more blocks
-// than the hint are resident: every size-dependent parameter follows, a
-// demotion pass between watermarks does not move it, and the
+// (the daemon's is host bytes / 1 MiB), and while the tier fills at least
+// doubles it as soon as more blocks than that are resident: every
+// size-dependent parameter follows, a demotion pass between watermarks does
+// not move it, and the
 // hit ratio with a hint 64 times too large or too small is within 0.005 of
 // the one with the true size, where without calibration a hint 8 times too
 // large loses far more (the warm-up and forgetting are 8 turnovers long).
@@ -162,7 +163,7 @@ func TestDensityCalibrate(t *testing.T) {
 			{1000, 1000}, // the hint was 8×: calibrate
 			{900, 1000},  // a demotion pass towards the low watermark: keep
 			{1200, 1000}, // within a quarter: keep
-			{1300, 1250}, // grown by a quarter: followed at the insert that got there
+			{1300, 1300}, // grown by more than a quarter: followed at the next victim
 		} {
 			for len(p.m) > tt.resident {
 				k, ok := p.Victim()
@@ -182,6 +183,19 @@ func TestDensityCalibrate(t *testing.T) {
 			if len(p.tr.m) > p.tr.limit {
 				t.Errorf("%d resident: history holds %d entries over its limit %d", tt.resident, len(p.tr.m), p.tr.limit)
 			}
+		}
+	})
+	t.Run("filling", func(t *testing.T) {
+		p := NewDensity(100)
+		for i := range 1000 {
+			p.Insert(KeyOf(int64(i)), AccessInfo{})
+		}
+		if p.capacity < 1000 || p.capacity > 2000 {
+			t.Errorf("1000 resident past a hint of 100, no victim yet: capacity %d, want 1000–2000", p.capacity)
+		}
+		p.Victim()
+		if p.capacity != 1000 {
+			t.Errorf("at the first victim with 1000 resident: capacity %d, want 1000", p.capacity)
 		}
 	})
 	for _, tc := range []genCase{

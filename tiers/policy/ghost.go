@@ -47,3 +47,15 @@ func (g *ghost) take(k Key) bool {
 }
 
 func (g *ghost) len() int { return g.n }
+
+// resized returns a ghost of capacity keys holding g's most recent ones.
+func (g *ghost) resized(capacity int) *ghost {
+	out := newGhost(capacity)
+	for i := range g.ring {
+		j := (g.head + i) % len(g.ring) // oldest first
+		if k := g.ring[j]; g.gen[j] != 0 && g.m[k] == g.gen[j] {
+			out.add(k)
+		}
+	}
+	return out
+}

@@ -18,6 +18,7 @@ type LRU2 struct {
 	hist    map[Key]uint64 // evicted key → time of its last reference
 	histQ   []histRec      // FIFO of hist records, bounded to capacity
 	histPos int
+	sized   bool // a Victim has been asked for: the tier was full (size.go)
 }
 
 type lru2Entry struct {
@@ -70,9 +71,37 @@ func (p *LRU2) Insert(k Key, a AccessInfo) {
 		delete(p.hist, k)
 		e.penult = t
 		heap.Push(&p.h, e)
+	} else {
+		p.once.pushFront(&e.entry)
+	}
+	if !p.sized {
+		p.size(grown(len(p.histQ), len(p.m)))
+	}
+}
+
+// size sets the retained history to the n blocks the tier holds
+// (size.go), keeping its most recent records.
+func (p *LRU2) size(n int) {
+	if !resized(len(p.histQ), n) {
 		return
 	}
-	p.once.pushFront(&e.entry)
+	q := make([]histRec, n)
+	kept := 0
+	for i := range p.histQ {
+		r := p.histQ[(p.histPos+len(p.histQ)-1-i)%len(p.histQ)] // newest first
+		if r.t == 0 || p.hist[r.k] != r.t {
+			continue
+		}
+		if kept == n {
+			delete(p.hist, r.k)
+			continue
+		}
+		q[n-1-kept] = r
+		kept++
+	}
+	copy(q, q[n-kept:]) // oldest first, from slot 0
+	clear(q[kept:])
+	p.histQ, p.histPos = q, kept%n
 }
 
 // Remove implements Policy: the block's last reference time is retained.
@@ -97,6 +126,8 @@ func (p *LRU2) Remove(k Key) {
 
 // Victim implements Policy.
 func (p *LRU2) Victim() (Key, bool) {
+	p.sized = true
+	p.size(len(p.m))
 	if e := p.once.coldestUnpinned(); e != nil {
 		return e.key, true
 	}

@@ -14,6 +14,7 @@ type S3FIFO struct {
 	g        *ghost
 	victim   Key
 	victimOK bool
+	sized    bool // a Victim has been asked for: the tier was full (size.go)
 }
 
 const (
@@ -58,6 +59,19 @@ func (p *S3FIFO) Insert(k Key, a AccessInfo) {
 		e.seg = segS
 		p.s.pushFront(e)
 	}
+	if !p.sized {
+		p.size(grown(p.c, p.Len()))
+	}
+}
+
+// size sets the queue sizes for the n blocks the tier holds (size.go); the
+// ghost keeps its most recent keys.
+func (p *S3FIFO) size(n int) {
+	if !resized(p.c, n) {
+		return
+	}
+	p.c, p.small = n, max(n/10, 1)
+	p.g = p.g.resized(n - p.small)
 }
 
 // Remove implements Policy.
@@ -82,16 +96,25 @@ func (p *S3FIFO) Remove(k Key) {
 
 // Victim implements Policy.
 func (p *S3FIFO) Victim() (Key, bool) {
+	p.sized = true
+	p.size(p.Len())
 	// Bounded: each step either returns, promotes a small entry (at most
 	// |S| times) or decrements a main counter (at most 3|M| times) or
-	// rotates a pinned entry.
+	// rotates a pinned entry. pinnedRun counts the pinned small entries
+	// rotated in a row: once every small entry has been seen pinned, the
+	// victim must come from main (a small queue of leased blocks used to
+	// use up the budget rotating, and no victim was found although main
+	// had unpinned blocks).
+	pinnedRun := 0
 	for range 2 + 2*p.s.n + 5*p.mq.n {
-		if p.s.n > 0 && (p.s.n >= p.small || p.mq.n == 0) {
+		if p.s.n > 0 && pinnedRun < p.s.n && (p.s.n >= p.small || p.mq.n == 0) {
 			e := p.s.back()
 			switch {
 			case e.pins > 0:
+				pinnedRun++
 				p.s.moveToFront(e)
 			case e.freq > 0:
+				pinnedRun = 0
 				p.s.remove(e)
 				e.seg, e.freq = segM, 0
 				p.mq.pushFront(e)
