@@ -173,9 +173,9 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 	}
 	_, capacity := host.Usage()
 	// The policy's size hint, in blocks, assuming 1 MiB blocks: the block
-	// size is the client's. The default policy (density) resizes itself to
-	// the blocks resident when the tier first needs a victim; the other
-	// policies keep the hint.
+	// size is the client's. The size-dependent policies (density, arc,
+	// s3fifo, lru2) size themselves to the blocks the tier holds
+	// (policy/size.go); lrb keeps the hint.
 	pol, err := policy.New(cfg.Policy, int(max(capacity>>20, 1024)))
 	if err != nil {
 		return nil, err
