@@ -223,6 +223,7 @@ var (
 	descMoveErrors = desc("move_errors_total", "Failed moves between tiers.", "from", "to")
 	descPrefetch   = desc("prefetches_total", "Promotions queued by a lookup that found blocks only in NVMe.")
 	descPrefDrops  = desc("prefetches_dropped_total", "Prefetches skipped because the promotion queue was full.")
+	descRefused    = desc("policy_refused_drops_total", "Host blocks the replacement policy refused (orphans), dropped by the mover instead of written down; also in kvtier_tier_evictions_total{tier=\"host\"}.")
 
 	descSessions     = desc("sessions", "Sessions open now.")
 	descSessionsOpen = desc("sessions_opened_total", "Sessions opened since start.")
@@ -255,7 +256,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descTierHits, descTierMisses, descTierBytes, descTierBlocks, descTierCapacity, descTierEvictions,
 		descHostReserved, descHostLeased, descHostCompactions,
-		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops,
+		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
 		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
@@ -343,6 +344,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(descPrefetch, cs.Prefetches)
 	counter(descPrefDrops, cs.PrefetchDropped)
+	counter(descRefused, cs.RefusedDrops)
 	gauge(descParked, float64(cs.ParkedBlocks))
 	counter(descParkExpired, cs.ParkExpired)
 

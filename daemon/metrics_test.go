@@ -184,7 +184,7 @@ func TestMetricsMoveWithOps(t *testing.T) {
 		"kvtier_op_duration_seconds", "kvtier_swap_in_seconds", "kvtier_swap_out_seconds",
 		"kvtier_sessions", "kvtier_sessions_opened_total", "kvtier_parked_blocks", "kvtier_errors_total",
 		"kvtier_nvme_disk_bytes", "kvtier_nvme_gc_runs_total", "kvtier_nvme_lsm_flushes_total",
-		"kvtier_nvme_no_space_total", "kvtier_build_info", "go_goroutines",
+		"kvtier_nvme_no_space_total", "kvtier_policy_refused_drops_total", "kvtier_build_info", "go_goroutines",
 	} {
 		if before[name] == nil {
 			t.Errorf("family %s missing from the scrape", name)
@@ -307,6 +307,9 @@ func TestMetricsMoveWithOps(t *testing.T) {
 	}
 	if n := increased("kvtier_tier_evictions_total", "tier", "host"); n != 1 {
 		t.Errorf("host evictions rose by %v, want 1 (the refused orphan; the puts waited for the mover)", n)
+	}
+	if n := increased("kvtier_policy_refused_drops_total"); n != 1 {
+		t.Errorf("refused drops rose by %v, want 1", n)
 	}
 	if err := s.Get(ctx, orphan[1], dst); err == nil {
 		t.Error("the refused orphan is still cached after the mover passed")
