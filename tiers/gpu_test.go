@@ -352,16 +352,16 @@ func TestGPUDeleteRacesCopy(t *testing.T) {
 	})
 }
 
-// Under a steady stream of device puts the GPU keeps the most recent blocks:
-// a reservation that finds the arena at its high watermark falls back to the
-// host tier without waiting, but kicks the demoter, which moves the coldest
-// blocks down so that later puts land on the GPU again.
 // belowLow reports whether g's arena is at or under its low watermark.
 func (g *GPU) belowLow() bool {
 	used, capacity := g.Slots.Usage()
 	return float64(used) <= g.set.cfg.LowWatermark*float64(capacity)
 }
 
+// Under a steady stream of device puts the GPU keeps the most recent blocks:
+// a reservation that finds the arena at its high watermark falls back to the
+// host tier without waiting, but kicks the demoter, which moves the coldest
+// blocks down so that later puts land on the GPU again.
 func TestGPUStreamKeepsRecentBlocks(t *testing.T) {
 	r := newGPURig(t, true)
 	g0 := r.gs.GPUs[0]
