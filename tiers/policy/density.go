@@ -532,23 +532,15 @@ func (p *Density) pick() *dEntry {
 	return old
 }
 
-// calibrate sizes the policy to the n blocks resident when the tier asks
-// for a victim; while the tier is still filling (no victim asked yet), it
-// at least doubles the size once a quarter more blocks than that are
-// resident (grown).
-// The capacity given to NewDensity is only a hint: a tier that holds bytes
-// knows its size in blocks once it is full (the daemon passes host bytes /
-// 1 MiB, and KV blocks range from about 1 to 64 MiB).
-// Every size-dependent parameter is in cache turnovers (a history of
-// dHistory turnovers, decay per turnover, a warm-up of one turnover, one
-// referee slot per block), and a wrong size costs most of the gain: told 8×
-// the true size, density closed 2.5% of the development trace's
-// LRU→Belady gap instead of 12.3% on average over five sizes, and told an
-// eighth, it lost 0.0021 of hit ratio to LRU (docs/policy.md,
-// "Capacity"). The hysteresis keeps the size steady while a demotion pass
-// takes a tier from its high watermark to its low one (0.9 of it by
-// default). Shrinking trims the history at once: a pass over the entries
-// above the new limit, once per calibration.
+// calibrate sizes the policy to n blocks when they call for a new size
+// (size.go: resized, grown). Every size-dependent parameter is in cache
+// turnovers (a history of dHistory turnovers, decay per turnover, a
+// warm-up of one turnover, one referee slot per block), so a wrong size
+// costs most of the gain: told 8× the true size, density closed 2.5% of the
+// development trace's LRU→Belady gap instead of 12.3% on average over five
+// sizes, and told an eighth, it lost 0.0021 of hit ratio to LRU
+// (docs/policy.md, "Capacity"). Shrinking trims the history at once: a
+// pass over the entries above the new limit, once per calibration.
 func (p *Density) calibrate(n int) {
 	if p.noCalibrate || !resized(p.capacity, n) {
 		return

@@ -6,9 +6,10 @@ package policy
 // 64 MiB). The size-dependent policies (Density, ARC, S3-FIFO, LRU-2) size
 // themselves to the tier instead: to the blocks resident when the tier asks
 // for a victim (it is full), and, while the tier is still filling, to at
-// least twice their size once a quarter more blocks than that are resident. With a hint 8× too small, ARC, LRU-2 and S3-FIFO lost
-// up to 0.04–0.06 of hit ratio to LRU on the development trace
-// (docs/policy.md, "Capacity").
+// least twice their size once a quarter more blocks than that are
+// resident. With a hint 8× too small, ARC, LRU-2 and S3-FIFO lost up to
+// 0.04–0.06 of hit ratio to LRU on the development trace (docs/policy.md,
+// "Capacity").
 
 // resized reports whether n resident blocks call for a new size in place of
 // cur: outside a band of ±25%, so that a demotion pass from the high
