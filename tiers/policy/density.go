@@ -65,9 +65,12 @@ import (
 // reference amortized; the age heap makes Insert, Remove and a hit on a
 // leaf O(log L) for L resident leaves; the referee is O(1) per reference
 // and holds at most capacity undecided pairs. It closes more of the
-// LRU→Belady gap than Chain on every trace (docs/policy.md), but may still
-// lose up to about 0.0015 of hit ratio to LRU in roomy caches of multi-turn
-// chat, where only recency carries signal ("Held-out generator seeds").
+// LRU→Belady gap than Chain on every trace (docs/policy.md), but can still
+// lose to LRU: up to 0.0014 of hit ratio in roomy caches of multi-turn chat,
+// where only recency carries signal ("Held-out generator seeds"), and up to
+// 0.0054 at some sizes of traces whose hits come in whole repeated prompts,
+// where a size's result is the balance of a few dozen chains kept or
+// dropped ("Quarter-octave sweep").
 type Density struct {
 	capacity int
 	m        map[Key]*dEntry

@@ -142,9 +142,10 @@ func syntheticSeeds(seeds ...uint64) []workloadCase {
 // TestDefaultBeatsLRU checks the default never loses more than lruTolerance
 // to LRU on the development trace, its halves, and the synthetic generators
 // at seeds 1 and 2. lruTolerance is the hit ratio the default may give up
-// against LRU in roomy caches; the most it gives up on held-out traces is
-// 0.0014 (chat seeds 15–20, TestHeldOutSeeds; Mooncake's traces,
-// TestOtherTraces: 0.0007).
+// against LRU in roomy caches; the most it gives up at these five sizes on
+// held-out traces is 0.0014 (chat seeds 15–20, TestHeldOutSeeds; Mooncake's
+// traces, TestOtherTraces: 0.0007). At other sizes it gives up more (0.0054,
+// TestQuarterOctaveSweep), which this tolerance does not cover.
 const lruTolerance = 0.002
 
 // TestDefaultGapOnDevTrace guards the default's measured gain on the
@@ -212,12 +213,75 @@ func TestDefaultNeverBelowLRUOnDevTrace(t *testing.T) {
 		t.Skip("33 cache sizes")
 	}
 	w := Compile(reqs)
-	for i := 0; i <= 32; i++ {
-		n := int(math.Round(250 * math.Exp2(float64(i)/4)))
+	for _, n := range quarterOctaves(64000) {
 		lru := w.Simulate(n, NewLRU()).HitRatio()
 		def, _ := New(Default, n)
 		if got := w.Simulate(n, def).HitRatio(); got < lru {
 			t.Errorf("N=%d: %s %.5f < LRU %.5f", n, Default, got, lru)
+		}
+	}
+}
+
+// quarterOctaves returns the cache sizes 250 × 2^(i/4) blocks, rounded, up
+// to limit.
+func quarterOctaves(limit int) []int {
+	var out []int
+	for i := 0; ; i++ {
+		n := int(math.Round(250 * math.Exp2(float64(i)/4)))
+		if n > limit {
+			return out
+		}
+		out = append(out, n)
+	}
+}
+
+// TestQuarterOctaveSweep measures the default against LRU at every quarter
+// octave of cache size below each trace's distinct blocks, on the
+// development trace and its halves and on -traces (whole and halves), and
+// prints the cells where it is below LRU and the per-trace tally
+// (docs/policy.md, "Quarter-octave sweep"). It asserts nothing: the five
+// sizes of TestDefaultBeatsLRU and TestOtherTraces carry the tolerance, and
+// TestDefaultNeverBelowLRUOnDevTrace the development trace itself.
+//
+//	go test ./tiers/policy -run TestQuarterOctaveSweep -sweep -v [-traces FILE[,FILE]]
+func TestQuarterOctaveSweep(t *testing.T) {
+	if !*sweep {
+		t.Skip("pass -sweep to run the quarter-octave sweep")
+	}
+	paths := []string{*tracePath}
+	if *others != "" {
+		paths = append(paths, strings.Split(*others, ",")...)
+	}
+	for _, path := range paths {
+		reqs, err := trace.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := trace.Split(reqs)
+		for _, c := range []struct {
+			name string
+			w    *Workload
+		}{{"whole", Compile(reqs)}, {"first half", Compile(a)}, {"second half", Compile(b)}} {
+			cells, below, worst, sum := 0, 0, 0.0, 0.0
+			for _, n := range quarterOctaves(c.w.Blocks() - 1) {
+				lru := c.w.Simulate(n, NewLRU()).HitRatio()
+				bel := c.w.Simulate(n, NewBelady(c.w, n)).HitRatio()
+				def, _ := New(Default, n)
+				got := c.w.Simulate(n, def).HitRatio()
+				cells++
+				if g := gapFrac(got, lru, bel); !math.IsNaN(g) {
+					sum += g
+				}
+				if got < lru {
+					below++
+					worst = min(worst, got-lru)
+					ch := c.w.Simulate(n, NewChain(n)).HitRatio()
+					fmt.Printf("%s, %s, N=%d: %s %.4f < LRU %.4f (%+.4f); chain %.4f, Belady %.4f\n",
+						path, c.name, n, Default, got, lru, got-lru, ch, bel)
+				}
+			}
+			fmt.Printf("%s, %s: %d sizes from 250 blocks, mean gap closed %+.1f%%, below LRU in %d, worst %+.4f\n",
+				path, c.name, cells, 100*sum/float64(cells), below, worst)
 		}
 	}
 }
