@@ -253,15 +253,7 @@ func TestQuarterOctaveSweep(t *testing.T) {
 		paths = append(paths, strings.Split(*others, ",")...)
 	}
 	for _, path := range paths {
-		reqs, err := trace.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, b := trace.Split(reqs)
-		for _, c := range []struct {
-			name string
-			w    *Workload
-		}{{"whole", Compile(reqs)}, {"first half", Compile(a)}, {"second half", Compile(b)}} {
+		for _, c := range traceParts(t, path) {
 			cells, below, worst, sum := 0, 0, 0.0, 0.0
 			for _, n := range quarterOctaves(c.w.Blocks() - 1) {
 				lru := c.w.Simulate(n, NewLRU()).HitRatio()
@@ -431,15 +423,7 @@ func TestOtherTraces(t *testing.T) {
 		t.Skip("pass -traces FILE[,FILE] to measure other traces of the format")
 	}
 	for _, path := range strings.Split(*others, ",") {
-		reqs, err := trace.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, b := trace.Split(reqs)
-		for _, c := range []struct {
-			name string
-			w    *Workload
-		}{{"whole", Compile(reqs)}, {"first half", Compile(a)}, {"second half", Compile(b)}} {
+		for _, c := range traceParts(t, path) {
 			fmt.Printf("\n%s, %s: %d requests, %d block refs, %d distinct blocks\n", path, c.name, len(c.w.Reqs), c.w.Refs(), c.w.Blocks())
 			below, sum, cells := 0, 0.0, 0
 			for _, n := range otherSizes(c.w.Blocks()) {
@@ -464,6 +448,23 @@ func TestOtherTraces(t *testing.T) {
 			fmt.Printf("%d cells: mean gap closed %+.1f%%, below LRU in %d\n", cells, 100*sum/float64(cells), below)
 		}
 	}
+}
+
+// tracePart is a trace, or one of its halves, compiled for simulation.
+type tracePart struct {
+	name string
+	w    *Workload
+}
+
+// traceParts reads the trace at path and compiles it whole and in halves.
+func traceParts(t *testing.T, path string) []tracePart {
+	t.Helper()
+	reqs, err := trace.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := trace.Split(reqs)
+	return []tracePart{{"whole", Compile(reqs)}, {"first half", Compile(a)}, {"second half", Compile(b)}}
 }
 
 // pctGap formats the gap closed, or "no gap" where LRU is already optimal.
