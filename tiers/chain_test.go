@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -521,6 +522,60 @@ func TestChainFlush(t *testing.T) {
 	}
 	if hs := r.h.Stats(); hs.Leased != 0 {
 		t.Fatalf("cancelled flush left %d blocks pinned", hs.Leased)
+	}
+}
+
+// TestDemotionWritesInParallel: a demotion pass keeps up to demoteWriters
+// NVMe writes in flight (one writer left the disk idle while it hashed and
+// indexed), never more, and every block it moves lands intact.
+func TestDemotionWritesInParallel(t *testing.T) {
+	if demoteWriters() < 2 {
+		t.Skipf("GOMAXPROCS=%d: demotion writes one block at a time", runtime.GOMAXPROCS(0))
+	}
+	const bs = 256 << 10
+	var inFlight, most atomic.Int32
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true,
+		cfg: ChainConfig{HighWatermark: 0.75, LowWatermark: 0.5},
+		hook: func(op string, k Key) {
+			if op != "put" {
+				return
+			}
+			n := inFlight.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			time.Sleep(20 * time.Millisecond) // a slow disk: writes overlap if they can
+			inFlight.Add(-1)
+		}})
+	keys := make([]Key, 30) // of 32 slots: 14 go down to reach the low watermark
+	for i := range keys {
+		keys[i] = chainKey(11, uint64(i))
+		r.putHost(t, keys[i], bs)
+	}
+	r.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		used, capacity := r.h.Usage()
+		if used <= capacity/2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("demoter did not reach the low watermark: %d of %d bytes used", used, capacity)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got, want := most.Load(), int32(demoteWriters()); got != want {
+		t.Errorf("at most %d NVMe writes in flight, want %d", got, want)
+	}
+	moved := 0
+	for _, k := range keys {
+		if r.h.Contains(k) {
+			continue
+		}
+		moved++
+		r.checkNVMeBytes(t, k, bs)
+	}
+	if moved < 14 {
+		t.Fatalf("%d blocks left the host tier, want at least 14", moved)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,12 +22,15 @@ var (
 	flagRawMiB    = flag.Int("nvme.rawbench.mib", 1024, "bytes per measurement for -nvme.rawbench, in MiB")
 	flagRawRounds = flag.Int("nvme.rawbench.rounds", 4, "rounds for -nvme.rawbench (each round measures raw and store back to back)")
 	flagRawProf   = flag.String("nvme.rawbench.cpuprofile", "", "write a CPU profile of the store's single-stream Put phase here")
+	flagRawKiB    = flag.Int("nvme.rawbench.kib", 2048, "block size for -nvme.rawbench, in KiB")
+	flagRawStr    = flag.String("nvme.rawbench.streams", "1,2", "comma-separated goroutine counts for -nvme.rawbench")
 )
 
 // TestRawVsStore measures, in one run and on the filesystem of
 // -nvme.benchdir, raw sequential O_DIRECT I/O of N×2 MiB and the store's Put
 // and cold Get of N 2 MiB blocks, from 1 and 2 goroutines, and prints the
-// ratios.
+// ratios (-nvme.rawbench.kib and -nvme.rawbench.streams change the block
+// size and the goroutine counts).
 //
 // Durability of the two sides is the same: the raw writer issues O_DIRECT
 // pwrites and one fdatasync at the end; the store's Put phase ends with
@@ -51,12 +56,20 @@ func TestRawVsStore(t *testing.T) {
 		}
 		defer os.RemoveAll(base)
 	}
-	const bs = 2 << 20
+	bs := *flagRawKiB << 10
 	n := *flagRawMiB << 20 / bs
+	var streamSet []int
+	for _, f := range strings.Split(*flagRawStr, ",") {
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 1 {
+			t.Fatalf("-nvme.rawbench.streams: %q", f)
+		}
+		streamSet = append(streamSet, v)
+	}
 	type res struct{ rw, rr, sw, sr float64 }
 	all := map[int][]res{}
 	for round := range *flagRawRounds {
-		for _, streams := range []int{1, 2} {
+		for _, streams := range streamSet {
 			prof := ""
 			if round == 0 && streams == 1 {
 				prof = *flagRawProf
@@ -73,8 +86,8 @@ func TestRawVsStore(t *testing.T) {
 				rw, rr = rawStreams(t, base, bs, n, streams)
 			}
 			all[streams] = append(all[streams], res{rw, rr, sw, sr})
-			t.Logf("round %d, %d stream(s), %d×2 MiB: raw write %5.0f read %5.0f MB/s | store put+sync %5.0f (%3.0f%%) cold get %5.0f (%3.0f%%)",
-				round, streams, n, rw, rr, sw, 100*sw/rw, sr, 100*sr/rr)
+			t.Logf("round %d, %d stream(s), %d×%d KiB: raw write %5.0f read %5.0f MB/s | store put+sync %5.0f (%3.0f%%) cold get %5.0f (%3.0f%%)",
+				round, streams, n, bs>>10, rw, rr, sw, 100*sw/rw, sr, 100*sr/rr)
 		}
 	}
 	med := func(xs []float64) float64 {
@@ -84,10 +97,10 @@ func TestRawVsStore(t *testing.T) {
 		}
 		return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
 	}
-	t.Logf("RAWBENCH summary (%d MiB per measurement, %d rounds, medians over rounds; ratio = median of the per-round ratios):", n*2, *flagRawRounds)
+	t.Logf("RAWBENCH summary (%d KiB blocks, %d MiB per measurement, %d rounds, medians over rounds; ratio = median of the per-round ratios):", bs>>10, n*bs>>20, *flagRawRounds)
 	t.Logf("| streams | raw write MB/s | store put+sync MB/s | put/raw | raw read MB/s | store cold get MB/s | get/raw |")
 	t.Logf("|---|---|---|---|---|---|---|")
-	for _, streams := range []int{1, 2} {
+	for _, streams := range streamSet {
 		var rw, rr, sw, sr, pw, pr []float64
 		for _, r := range all[streams] {
 			rw, rr, sw, sr = append(rw, r.rw), append(rr, r.rr), append(sw, r.sw), append(sr, r.sr)
