@@ -352,7 +352,7 @@ func (c *Chain) Start(ctx context.Context) {
 		return true
 	})
 	c.parkMu.Unlock()
-	c.wg.Add(4 + c.cfg.PromoteWorkers)
+	c.wg.Add(3 + demoteWriters() + c.cfg.PromoteWorkers)
 	go func() {
 		defer c.wg.Done()
 		c.policyLoop(ctx)
@@ -361,10 +361,12 @@ func (c *Chain) Start(ctx context.Context) {
 		defer c.wg.Done()
 		c.demoteLoop(ctx)
 	}()
-	go func() {
-		defer c.wg.Done()
-		c.parkLoop(ctx)
-	}()
+	for range demoteWriters() { // write-through as demotion: one writer per CPU, up to 4
+		go func() {
+			defer c.wg.Done()
+			c.parkLoop(ctx)
+		}()
+	}
 	go func() {
 		defer c.wg.Done()
 		c.expireLoop(ctx)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -525,6 +526,46 @@ func TestChainFlush(t *testing.T) {
 	}
 }
 
+// slowPuts is an I/O hook that makes every NVMe write take 20 ms and keeps
+// in most the largest number of writes seen in flight at once.
+func slowPuts(most *atomic.Int32) func(op string, k Key) {
+	var inFlight atomic.Int32
+	return func(op string, k Key) {
+		if op != "put" {
+			return
+		}
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond) // a slow disk: writes overlap if they can
+		inFlight.Add(-1)
+	}
+}
+
+// TestParkWritesInParallel: a parked request's blocks are written through
+// by up to demoteWriters writers at once, and each leaves the host tier
+// intact in NVMe.
+func TestParkWritesInParallel(t *testing.T) {
+	if demoteWriters() < 2 {
+		t.Skipf("GOMAXPROCS=%d: parked blocks are written one at a time", runtime.GOMAXPROCS(0))
+	}
+	const bs = 256 << 10
+	var most atomic.Int32
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, hook: slowPuts(&most)})
+	keys := make([]Key, 12)
+	for i := range keys {
+		keys[i] = Key{NS: 13 | ParkedNS, Hash: shm.Hash{Hi: 99, Lo: uint64(i)}}
+		r.putHost(t, keys[i], bs)
+	}
+	eventually(t, 10*time.Second, "parked blocks not swapped out", func() bool { return r.h.Stats().Blocks == 0 })
+	if got, want := most.Load(), int32(demoteWriters()); got != want {
+		t.Errorf("at most %d NVMe writes in flight, want %d", got, want)
+	}
+	for _, k := range keys {
+		r.checkNVMeBytes(t, k, bs)
+	}
+}
+
 // TestDemotionWritesInParallel: a demotion pass keeps up to demoteWriters
 // NVMe writes in flight (one writer left the disk idle while it hashed and
 // indexed), never more, and every block it moves lands intact.
@@ -533,19 +574,10 @@ func TestDemotionWritesInParallel(t *testing.T) {
 		t.Skipf("GOMAXPROCS=%d: demotion writes one block at a time", runtime.GOMAXPROCS(0))
 	}
 	const bs = 256 << 10
-	var inFlight, most atomic.Int32
+	var most atomic.Int32
 	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true,
-		cfg: ChainConfig{HighWatermark: 0.75, LowWatermark: 0.5},
-		hook: func(op string, k Key) {
-			if op != "put" {
-				return
-			}
-			n := inFlight.Add(1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-			}
-			time.Sleep(20 * time.Millisecond) // a slow disk: writes overlap if they can
-			inFlight.Add(-1)
-		}})
+		cfg:  ChainConfig{HighWatermark: 0.75, LowWatermark: 0.5},
+		hook: slowPuts(&most)})
 	keys := make([]Key, 30) // of 32 slots: 14 go down to reach the low watermark
 	for i := range keys {
 		keys[i] = chainKey(11, uint64(i))
@@ -834,3 +866,62 @@ func BenchmarkIndexMemory(b *testing.B) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// BenchmarkParkWriteThrough measures the swap-out of a parked request of 64
+// MiB: its blocks stored into the host tier under parked keys, until every
+// one has been written through to NVMe and has left the host tier (the
+// copy into the host tier included). The baseline, in the same run, is one
+// goroutine putting blocks of the same size straight into the nvme.Store.
+//
+//	go test ./tiers -run '^$' -bench ParkWriteThrough -benchtime 20x
+func BenchmarkParkWriteThrough(b *testing.B) {
+	for _, bs := range []int64{64 << 10, 2 << 20} {
+		n := int(64 << 20 / bs)
+		keys := func(i int) []Key {
+			ks := make([]Key, n)
+			for j := range ks {
+				ks[j] = Key{NS: 12 | ParkedNS, Hash: shm.Hash{Hi: uint64(i), Lo: uint64(j)}}
+			}
+			return ks
+		}
+		b.Run(fmt.Sprintf("park/%dKiB", bs>>10), func(b *testing.B) {
+			r := newChainRig(b, rigOpts{hostBytes: 256 << 20, slabBytes: 8 << 20, nvmeBytes: 1 << 30})
+			b.SetBytes(int64(n) * bs)
+			for i := range b.N {
+				ks := keys(i)
+				for _, k := range ks {
+					r.putHost(b, k, bs)
+				}
+				eventually(b, time.Minute, "parked request not swapped out", func() bool {
+					return r.h.Stats().Blocks == 0
+				})
+				b.StopTimer()
+				for _, k := range ks {
+					if !r.store.Contains(nk(k)) {
+						b.Fatalf("%v not in NVMe", k)
+					}
+					r.c.Delete(k)
+				}
+				b.StartTimer()
+			}
+		})
+		b.Run(fmt.Sprintf("put-baseline/%dKiB", bs>>10), func(b *testing.B) {
+			r := newChainRig(b, rigOpts{hostBytes: 256 << 20, slabBytes: 8 << 20, nvmeBytes: 1 << 30, noStart: true})
+			b.SetBytes(int64(n) * bs)
+			buf := blockFor(Key{}, bs) // the same bytes under every key: no fill in the timing
+			for i := range b.N {
+				ks := keys(i)
+				for _, k := range ks {
+					if err := r.store.Put(nk(k), buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				for _, k := range ks {
+					r.store.Delete(nk(k))
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
