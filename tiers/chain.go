@@ -640,14 +640,18 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 		if float64(used) <= high*float64(capacity) {
 			continue
 		}
-		c.demoteMu.Lock()
+		// The lock is taken per batch, not per pass: a promotion making
+		// room (makeRoom) waits for one batch, not for a pass from the high
+		// watermark to the low one (10% of the tier).
 		for float64(used) > low*float64(capacity) && ctx.Err() == nil {
-			if c.demoteBatch(16) == 0 {
+			c.demoteMu.Lock()
+			moved := c.demoteBatch(16)
+			c.demoteMu.Unlock()
+			if moved == 0 {
 				break
 			}
 			used, _ = c.Host.Usage()
 		}
-		c.demoteMu.Unlock()
 	}
 }
 

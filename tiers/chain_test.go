@@ -542,6 +542,53 @@ func slowPuts(most *atomic.Int32) func(op string, k Key) {
 	}
 }
 
+// TestPromotionDuringDemotionPass: a promotion that must make room waits
+// for the demoter's current batch, not for its whole pass down to the low
+// watermark: on a slow disk it completes while the pass is still under way.
+func TestPromotionDuringDemotionPass(t *testing.T) {
+	const bs = 256 << 10
+	var most atomic.Int32
+	r := newChainRig(t, rigOpts{hostBytes: 32 << 20, slabBytes: 1 << 20, nvmeBytes: 256 << 20, noStart: true,
+		cfg:  ChainConfig{HighWatermark: 0.75, LowWatermark: 0.5},
+		hook: slowPuts(&most)})
+	for i := range 120 { // of 128 slots: a pass of 56 blocks, 4 batches
+		r.putHost(t, chainKey(14, uint64(i)), bs)
+	}
+	cold := chainKey(14, 1000)
+	r.putNVMe(t, cold, bs)
+	r.start()
+	eventually(t, 10*time.Second, "no demotion started", func() bool { return most.Load() > 0 })
+	_, capacity := r.h.Usage()
+	type res struct {
+		hd   *Handle
+		err  error
+		used int64
+	}
+	done := make(chan res, 1)
+	if hd, ok := r.c.Acquire(cold, bs, func(hd *Handle, err error) {
+		used, _ := r.h.Usage()
+		done <- res{hd, err, used}
+	}); hd != nil || !ok {
+		t.Fatalf("acquire of the nvme block: %v %v", hd, ok)
+	}
+	var got res
+	select {
+	case got = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("promotion did not finish")
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if !bytes.Equal(r.h.Bytes(got.hd), blockFor(cold, bs)) {
+		t.Fatal("promoted block differs")
+	}
+	r.h.Release(got.hd)
+	if low := capacity / 2; got.used <= low+bs {
+		t.Fatalf("promotion finished with %d of %d bytes used: after the demotion pass (low watermark %d)", got.used, capacity, low)
+	}
+}
+
 // TestParkWritesInParallel: a parked request's blocks are written through
 // by up to demoteWriters writers at once, and each leaves the host tier
 // intact in NVMe.
