@@ -657,14 +657,25 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 
 // makeRoom demotes until n more bytes fit under the high watermark.
 func (c *Chain) makeRoom(n int64) {
+	// Where they fit already, the promotion goes ahead without the lock,
+	// instead of waiting for the demoter's batch in progress (the watermark
+	// is a target, not a limit: concurrent promotions may pass it by a few
+	// blocks, and the demoter brings the tier back).
+	if c.fits(n) {
+		return
+	}
 	c.demoteMu.Lock()
 	defer c.demoteMu.Unlock()
-	for {
-		used, capacity := c.Host.Usage()
-		if high, _ := c.Watermarks(); float64(used+n) <= high*float64(capacity) || c.demoteBatch(4) == 0 {
-			return
-		}
+	for !c.fits(n) && c.demoteBatch(4) > 0 {
 	}
+}
+
+// fits reports whether n more bytes fit in the host tier under its high
+// watermark.
+func (c *Chain) fits(n int64) bool {
+	used, capacity := c.Host.Usage()
+	high, _ := c.Watermarks()
+	return float64(used+n) <= high*float64(capacity)
 }
 
 // demoteBatch moves up to n of the coldest host blocks down and returns how

@@ -589,6 +589,42 @@ func TestPromotionDuringDemotionPass(t *testing.T) {
 	}
 }
 
+// TestPromotionWithRoomDoesNotWait: a promotion whose block fits under the
+// high watermark goes ahead while the demoter's batch is still being
+// written, instead of waiting for the batch to end.
+func TestPromotionWithRoomDoesNotWait(t *testing.T) {
+	const bs = 256 << 10
+	var demotedAtRead atomic.Int64
+	demotedAtRead.Store(-1)
+	var r *chainRig
+	slow := slowPuts(new(atomic.Int32))
+	r = newChainRig(t, rigOpts{hostBytes: 32 << 20, slabBytes: 1 << 20, nvmeBytes: 256 << 20, noStart: true,
+		cfg: ChainConfig{HighWatermark: 0.75, LowWatermark: 0.5},
+		hook: func(op string, k Key) {
+			if op == "get" {
+				demotedAtRead.Store(int64(r.c.Stats().Demoted))
+			}
+			slow(op, k)
+		}})
+	for i := range 100 { // of 128 slots, high watermark 96: a first batch of 16 blocks, 20 ms each
+		r.putHost(t, chainKey(15, uint64(i)), bs)
+	}
+	cold := chainKey(15, 1000)
+	r.putNVMe(t, cold, bs)
+	r.start()
+	// After 5 demotions the block fits under the high watermark; the batch
+	// still has 10 blocks, at least 100 ms, to write.
+	eventually(t, 10*time.Second, "demotion did not start", func() bool { return r.c.Stats().Demoted >= 6 })
+	hd, err := acquireWait(t, r.c, cold, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.h.Release(hd)
+	if got := demotedAtRead.Load(); got < 0 || got >= 16 {
+		t.Fatalf("the promotion read NVMe after %d demotions: it waited for the demoter's batch of 16", got)
+	}
+}
+
 // TestParkWritesInParallel: a parked request's blocks are written through
 // by up to demoteWriters writers at once, and each leaves the host tier
 // intact in NVMe.
