@@ -767,17 +767,17 @@ func (c *Chain) Flush(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	var n atomic.Int64
-	var cut atomic.Pointer[error]
+	var cut atomic.Bool
 	eachWriter(c.Host.PinAll(), func(hd *Handle) {
-		if err := ctx.Err(); err != nil {
-			cut.CompareAndSwap(nil, &err) // the rest stays unwritten
+		if ctx.Err() != nil {
+			cut.Store(true) // the rest stays unwritten
 		} else if !c.inNVMe(hd.Key) && c.writeDown(hd) {
 			n.Add(1)
 		}
 		c.Host.Unpin(hd, false)
 	})
-	if err := cut.Load(); err != nil {
-		return int(n.Load()), *err
+	if cut.Load() {
+		return int(n.Load()), ctx.Err() // a context's error never changes once set
 	}
 	return int(n.Load()), nil
 }
