@@ -295,14 +295,22 @@ func (a *emuArena) IPCHandle() (IPCHandle, error) {
 	if !a.alive() {
 		return h, fmt.Errorf("export arena: %w", ErrClosed)
 	}
+	return encodeEmuHandle(emuHandle{pid: os.Getpid(), fd: a.r.fd, ordinal: a.r.g.ordinal,
+		size: int64(len(a.r.mem)), nonce: a.r.nonce, uuid: a.r.g.uuid}), nil
+}
+
+// encodeEmuHandle is the one writer of the handle layout decodeEmuHandle
+// reads.
+func encodeEmuHandle(e emuHandle) IPCHandle {
+	var h IPCHandle
 	copy(h[:], emuMagic)
-	binary.LittleEndian.PutUint32(h[emuOffPid:], uint32(os.Getpid()))
-	binary.LittleEndian.PutUint32(h[emuOffFd:], uint32(a.r.fd))
-	binary.LittleEndian.PutUint64(h[emuOffSize:], uint64(len(a.r.mem)))
-	binary.LittleEndian.PutUint32(h[emuOffOrd:], uint32(a.r.g.ordinal))
-	copy(h[emuOffNonce:], a.r.nonce[:])
-	copy(h[emuOffUUID:], a.r.g.uuid[:])
-	return h, nil
+	binary.LittleEndian.PutUint32(h[emuOffPid:], uint32(e.pid))
+	binary.LittleEndian.PutUint32(h[emuOffFd:], uint32(e.fd))
+	binary.LittleEndian.PutUint64(h[emuOffSize:], uint64(e.size))
+	binary.LittleEndian.PutUint32(h[emuOffOrd:], uint32(e.ordinal))
+	copy(h[emuOffNonce:], e.nonce[:])
+	copy(h[emuOffUUID:], e.uuid[:])
+	return h
 }
 
 func (a *emuArena) Free() error {

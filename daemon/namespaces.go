@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers"
 )
 
 // NamespaceSpec is the wire type: the wire format (and its Validate, which
@@ -27,6 +28,11 @@ type NamespaceSpec = shm.Namespace
 // maxNamespaces bounds the registry (each Register rewrites the whole file);
 // real hosts have a handful of models x TP ranks.
 const maxNamespaces = 1 << 16
+
+// maxNamespaceID is the largest namespace id: the tier chain marks parked
+// blocks by setting tiers.ParkedNS in their namespace, so an id with that
+// bit would make a model's blocks look parked (never evicted from NVMe).
+const maxNamespaceID = tiers.ParkedNS - 1
 
 const (
 	registryFile    = "namespaces.json"
@@ -146,6 +152,9 @@ func decodeRegistry(data []byte) (*registryDoc, error) {
 	if doc.NextID == 0 {
 		return nil, errors.New("missing next_id")
 	}
+	if doc.NextID > maxNamespaceID+1 {
+		return nil, fmt.Errorf("next_id %d beyond the largest namespace id %d", doc.NextID, maxNamespaceID)
+	}
 	ids := map[uint32]bool{}
 	specs := map[NamespaceSpec]bool{}
 	for _, rec := range doc.Namespaces {
@@ -193,7 +202,7 @@ func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 		return 0, fmt.Errorf("namespace registry full (%d namespaces)", maxNamespaces)
 	}
 	id = r.nextID
-	if id == 0 { // wrapped
+	if id == 0 || id > maxNamespaceID {
 		return 0, errors.New("namespace ids exhausted")
 	}
 	// Persist before publishing: an id a client has seen must survive a crash.

@@ -1,12 +1,16 @@
 package daemon
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvtier/kvtier/tiers"
 )
 
 func testSpec(model string, rank uint32) NamespaceSpec {
@@ -197,6 +201,8 @@ func TestRegistryCorruptFile(t *testing.T) {
 		{"invalid spec", strings.Replace(valid, `"fp16"`, `"fp64"`, 1)},
 		{"no epoch", strings.Replace(valid, `"epoch":5`, `"epoch":0`, 1)},
 		{"duplicate", strings.Replace(valid, `}}]}`, `}},{"id":1,"spec":{}}]}`, 1)},
+		// An id with the parked bit would make the model's blocks look parked.
+		{"next id past the parked bit", strings.Replace(strings.Replace(valid, `"next_id":2`, `"next_id":2147483650`, 1), `"id":1`, `"id":2147483649`, 1)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -263,6 +269,53 @@ func TestRegistryCorruptFile(t *testing.T) {
 		}
 		if _, err := os.Stat(stale); !os.IsNotExist(err) {
 			t.Error("stale temp file kept")
+		}
+	})
+}
+
+// FuzzDecodeRegistry: whatever the file holds, an accepted registry has
+// unique valid specs under unique ids in [1, next_id), no id with the
+// parked bit, and survives a round trip through its JSON form unchanged.
+func FuzzDecodeRegistry(f *testing.F) {
+	doc := registryDoc{Version: registryVersion, Epoch: 5, NextID: 3, Namespaces: []registryRecord{
+		{ID: 1, Spec: testSpec("m", 0)}, {ID: 2, Spec: testSpec("m", 1)}}}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add([]byte(`{"version":1,"epoch":5,"next_id":4294967295,"namespaces":[]}`))
+	f.Add([]byte(`{"version":1,"epoch":5,"next_id":2147483648,"namespaces":[{"id":2147483647,"spec":{}}]}`))
+	f.Add([]byte(`{"version":2}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		doc, err := decodeRegistry(data)
+		if err != nil {
+			return
+		}
+		if doc.NextID == 0 || doc.NextID > maxNamespaceID+1 || doc.Epoch == 0 {
+			t.Fatalf("accepted next_id %d, epoch %d", doc.NextID, doc.Epoch)
+		}
+		ids := map[uint32]bool{}
+		specs := map[NamespaceSpec]bool{}
+		for _, rec := range doc.Namespaces {
+			if rec.ID == 0 || rec.ID >= doc.NextID || rec.ID&tiers.ParkedNS != 0 || ids[rec.ID] || specs[rec.Spec] {
+				t.Fatalf("accepted id %d (next_id %d, seen %v) for %+v", rec.ID, doc.NextID, ids[rec.ID], rec.Spec)
+			}
+			if err := rec.Spec.Validate(); err != nil {
+				t.Fatalf("accepted invalid spec %+v: %v", rec.Spec, err)
+			}
+			ids[rec.ID], specs[rec.Spec] = true, true
+		}
+		again, err := json.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc2, err := decodeRegistry(again)
+		if err != nil {
+			t.Fatalf("re-encoded registry refused: %v\n%s", err, again)
+		}
+		if !reflect.DeepEqual(doc, doc2) {
+			t.Fatalf("round trip changed the registry:\n%+v\n%+v", doc, doc2)
 		}
 	})
 }

@@ -250,11 +250,26 @@ func computePlan(in planInput) (planResult, error) {
 		TokensPerBlock: in.TokensPerBlock, Concurrency: in.Concurrency, AvgContext: in.AvgContext,
 	}
 
+	// Model dimensions come from any config.json: every product is checked
+	// (a wrapped one could make a block 0 bytes).
+	tp := uint64(in.TP)
+	var overflow bool
+	mul := func(a, b uint64) uint64 {
+		hi, lo := bits.Mul64(a, b)
+		overflow = overflow || hi != 0
+		return lo
+	}
+	add := func(a, b uint64) uint64 {
+		sum, carry := bits.Add64(a, b, 0)
+		overflow = overflow || carry != 0
+		return sum
+	}
+	ceilDiv := func(a, b uint64) uint64 { return a/b + min(a%b, 1) }
 	var vecElems, vecsPerToken uint64
 	if m.mla() {
 		// The latent is shared by all heads: every rank keeps all of it.
 		r.Attention = "mla"
-		vecElems = uint64(m.KVLoraRank + m.QKRopeHeadDim)
+		vecElems = add(uint64(m.KVLoraRank), uint64(max(m.QKRopeHeadDim, 0)))
 		vecsPerToken = uint64(m.Layers)
 	} else {
 		r.Attention = "gqa"
@@ -271,25 +286,18 @@ func computePlan(in planInput) (planResult, error) {
 		}
 		r.KVHeadsPerRank = max(1, m.KVHeads/in.TP)
 		vecElems = uint64(m.HeadDim)
-		vecsPerToken = 2 * uint64(m.Layers) * uint64(r.KVHeadsPerRank) // K and V
+		vecsPerToken = mul(2*uint64(m.Layers), uint64(r.KVHeadsPerRank)) // K and V
 	}
-	vecBytes := (vecElems*uint64(elemBits) + 7) / 8
+	vecBytes := ceilDiv(mul(vecElems, uint64(elemBits)), 8)
 	if g := uint64(in.QuantGroup); g > 0 {
-		vecBytes += (vecElems + g - 1) / g * quantScaleBytes
-	}
-	tp := uint64(in.TP)
-	var overflow bool
-	mul := func(a, b uint64) uint64 {
-		hi, lo := bits.Mul64(a, b)
-		overflow = overflow || hi != 0
-		return lo
+		vecBytes = add(vecBytes, mul(ceilDiv(vecElems, g), quantScaleBytes))
 	}
 	r.BytesPerTokenPerRank = mul(vecsPerToken, vecBytes)
 	r.BytesPerToken = mul(r.BytesPerTokenPerRank, tp)
 	r.BlockBytes = mul(r.BytesPerTokenPerRank, uint64(in.TokensPerBlock))
 	// The cache holds whole blocks; a request's last, partial block is
 	// counted whole.
-	r.BlocksPerRequest = (uint64(in.AvgContext) + uint64(in.TokensPerBlock) - 1) / uint64(in.TokensPerBlock)
+	r.BlocksPerRequest = ceilDiv(uint64(in.AvgContext), uint64(in.TokensPerBlock))
 	r.BytesPerRequestPerRank = mul(r.BlocksPerRequest, r.BlockBytes)
 	r.BytesPerRequest = mul(r.BytesPerRequestPerRank, tp)
 	r.TotalBytesPerRank = mul(r.BytesPerRequestPerRank, uint64(in.Concurrency))

@@ -103,8 +103,17 @@ func (r record) encode(b *[recordLen]byte) {
 	binary.LittleEndian.PutUint64(b[40:48], uint64(r.offset))
 }
 
+// maxRecordField bounds a record's length and offset: far above any
+// segment (under 1 GiB), and low enough that offset + length cannot
+// overflow in the bounds checks of reindex and Get.
+const maxRecordField = 1 << 40
+
+// decodeRecord accepts exactly what encode writes: flags and reserved
+// bytes zero, length and offset within maxRecordField. Anything else is a
+// corrupt record (a miss), not a block to read.
 func decodeRecord(v []byte) (record, bool) {
-	if len(v) != recordLen || [4]byte(v[0:4]) != magic || v[4] != formatVersion {
+	if len(v) != recordLen || [4]byte(v[0:4]) != magic || v[4] != formatVersion ||
+		v[5] != 0 || v[6] != 0 || v[7] != 0 || [4]byte(v[36:40]) != [4]byte{} {
 		return record{}, false
 	}
 	r := record{
@@ -114,7 +123,7 @@ func decodeRecord(v []byte) (record, bool) {
 		seg:    binary.LittleEndian.Uint32(v[32:36]),
 		offset: int64(binary.LittleEndian.Uint64(v[40:48])),
 	}
-	if r.n < 0 || r.offset < 0 || r.n > 1<<40 {
+	if r.n < 0 || r.offset < 0 || r.n > maxRecordField || r.offset > maxRecordField {
 		return record{}, false
 	}
 	return r, true

@@ -284,6 +284,21 @@ func (ss *segStore) get(seg uint32) *segment {
 	return sg
 }
 
+// check reports whether a record of n bytes at off lies within segment
+// seg as written so far: errSegmentGone if the segment is gone (compaction
+// relocates records: look the record up again), an error if the record
+// runs past the segment's end (it is corrupt).
+func (ss *segStore) check(seg uint32, off, n int64) error {
+	sg := ss.get(seg)
+	if sg == nil {
+		return errSegmentGone
+	}
+	if size := sg.size.Load(); off < 0 || n < 0 || off > size-ss.recLen(n) {
+		return fmt.Errorf("record of %d bytes at offset %d runs past the end of segment %d (%d bytes)", n, off, seg, size)
+	}
+	return nil
+}
+
 // read reads the n-byte payload at (seg, off) into dst[:n]: directly when
 // dst is aligned and n a multiple of the alignment, else through a bounce
 // buffer. A missing segment is errSegmentGone; a short file is an error.

@@ -444,7 +444,7 @@ func (s *Store) reindex(ctx context.Context) error {
 			}
 			if ok {
 				sz, exists := segSize[rec.seg]
-				ok = exists && rec.offset+s.segs.recLen(rec.n) <= sz
+				ok = exists && rec.offset+s.segs.recLen(rec.n) <= sz // fields ≤ 2^40: no overflow
 			}
 			if !ok {
 				bad = append(bad, item.KeyCopy(nil))
@@ -782,7 +782,16 @@ func (s *Store) Get(k Key, dst []byte) (int, error) {
 		case !ok:
 			derr = errors.New("malformed index record")
 		case rec.n > int64(len(dst)):
-			// The index said less (it cannot, but be safe): fix it.
+			// Only a record that lies within its segment may say how large
+			// the block is: a corrupt one would charge the budget with its
+			// length.
+			if derr = s.segs.check(rec.seg, rec.offset, rec.n); derr != nil {
+				if errors.Is(derr, errSegmentGone) && attempt < 3 {
+					continue
+				}
+				break
+			}
+			// The index said less (a concurrent overwrite): fix it.
 			s.mu.Lock()
 			if j, ok := s.idx.get(k); ok {
 				s.idx.bytes += rec.n - s.idx.ents[j].size
