@@ -693,16 +693,24 @@ func (c *Chain) demoteBatch(n int) int {
 		}
 	}
 	var demoted atomic.Int64
-	eachWriter(hs[drop:], func(hd *Handle) {
-		if time.Now().UnixNano() < c.diskFullUntil.Load() || !c.writeDown(hd) {
-			c.Host.Unpin(hd, false)
-			c.Inserted(hd.Key, policy.AccessInfo{}) // still resident: track it again
-			return
+	eachWriter(hs[drop:], func(run []*Handle) {
+		var ok []bool
+		if time.Now().UnixNano() < c.diskFullUntil.Load() {
+			ok = make([]bool, len(run))
+		} else {
+			ok = c.writeDown(run)
 		}
-		if dropped, _ := c.Host.Unpin(hd, true); dropped {
-			demoted.Add(1)
-			c.demoted.Add(1)
-			c.demotedBytes.Add(uint64(hd.Size))
+		for i, hd := range run {
+			if !ok[i] {
+				c.Host.Unpin(hd, false)
+				c.Inserted(hd.Key, policy.AccessInfo{}) // still resident: track it again
+				continue
+			}
+			if dropped, _ := c.Host.Unpin(hd, true); dropped {
+				demoted.Add(1)
+				c.demoted.Add(1)
+				c.demotedBytes.Add(uint64(hd.Size))
+			}
 		}
 	})
 	return moved + int(demoted.Load())
@@ -718,46 +726,77 @@ func (c *Chain) demoteBatch(n int) int {
 // per CPU, up to four.
 func demoteWriters() int { return min(4, runtime.GOMAXPROCS(0)) }
 
-// eachWriter runs write for every handle, on up to demoteWriters
-// goroutines, and returns when all have run.
-func eachWriter(hs []*Handle, write func(*Handle)) {
+// writeRun is the most handles one writer hands the store at once: 16
+// blocks of 64 KiB make the 1 MiB write that single-stream store puts need
+// to reach 1,384 MB/s instead of 505 MB/s one block at a time
+// (nvme.PutBatch).
+const writeRun = 16
+
+// eachWriter hands hs to write in runs of at most writeRun, on up to
+// demoteWriters goroutines (at least one run per writer when there are
+// fewer handles than writers × writeRun), and returns when all have run.
+func eachWriter(hs []*Handle, write func(run []*Handle)) {
+	writers := min(demoteWriters(), len(hs))
+	if writers == 0 {
+		return
+	}
+	size := int64(min(writeRun, (len(hs)+writers-1)/writers))
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range min(demoteWriters(), len(hs)) {
+	for range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := next.Add(1) - 1; i < int64(len(hs)); i = next.Add(1) - 1 {
-				write(hs[i])
+			for i := next.Add(size) - size; i < int64(len(hs)); i = next.Add(size) - size {
+				write(hs[i:min(i+size, int64(len(hs)))])
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-// writeDown makes sure NVMe holds a copy of the pinned block.
-func (c *Chain) writeDown(hd *Handle) bool {
-	if c.inNVMe(hd.Key) {
-		return true // clean copy already below
+// writeDown makes sure NVMe holds a copy of each pinned block of run, with
+// one batched store call for those it lacks, and reports which do.
+func (c *Chain) writeDown(run []*Handle) []bool {
+	ok := make([]bool, len(run))
+	var keys []nvme.Key
+	var blocks [][]byte
+	var idx []int
+	for i, hd := range run {
+		if c.inNVMe(hd.Key) {
+			ok[i] = true // clean copy already below
+			continue
+		}
+		keys, blocks, idx = append(keys, nk(hd.Key)), append(blocks, c.Host.Bytes(hd)), append(idx, i)
+	}
+	if len(keys) == 0 {
+		return ok
 	}
 	t0 := time.Now()
 	if c.ioHook != nil {
-		c.ioHook("put", hd.Key)
+		for _, i := range idx {
+			c.ioHook("put", run[i].Key)
+		}
 	}
-	if err := c.NVMe.Put(nk(hd.Key), c.Host.Bytes(hd)); err != nil {
+	if err := c.NVMe.PutBatch(keys, blocks); err != nil {
+		// Earlier chunks of the batch may be stored: those blocks count as
+		// not written now and find their clean copy at the next attempt.
 		c.demoteErrors.Add(1)
 		if errors.Is(err, nvme.ErrNoSpace) {
 			c.diskFullUntil.Store(time.Now().Add(time.Second).UnixNano())
 		}
-		c.log.Warn("demotion to nvme failed", "block", hd.Key.Hash, "err", err)
-		return false
+		c.log.Warn("demotion to nvme failed", "blocks", len(keys), "first", run[idx[0]].Key.Hash, "err", err)
+		return ok
 	}
 	dt := time.Since(t0)
-	c.swapOutNanos.Add(uint64(dt))
-	if c.cfg.ObserveSwapOut != nil {
-		c.cfg.ObserveSwapOut(dt)
+	for _, i := range idx {
+		ok[i] = true
+		c.swapOutNanos.Add(uint64(dt))
+		if c.cfg.ObserveSwapOut != nil {
+			c.cfg.ObserveSwapOut(dt) // each block of the batch waited for all of it
+		}
 	}
-	return true
+	return ok
 }
 
 // Flush writes every host block that has no copy in NVMe down to NVMe (the
@@ -768,13 +807,25 @@ func (c *Chain) Flush(ctx context.Context) (int, error) {
 	}
 	var n atomic.Int64
 	var cut atomic.Bool
-	eachWriter(c.Host.PinAll(), func(hd *Handle) {
+	eachWriter(c.Host.PinAll(), func(run []*Handle) {
 		if ctx.Err() != nil {
 			cut.Store(true) // the rest stays unwritten
-		} else if !c.inNVMe(hd.Key) && c.writeDown(hd) {
-			n.Add(1)
+		} else {
+			var dirty []*Handle
+			for _, hd := range run {
+				if !c.inNVMe(hd.Key) {
+					dirty = append(dirty, hd)
+				}
+			}
+			for _, ok := range c.writeDown(dirty) {
+				if ok {
+					n.Add(1)
+				}
+			}
 		}
-		c.Host.Unpin(hd, false)
+		for _, hd := range run {
+			c.Host.Unpin(hd, false)
+		}
 	})
 	if cut.Load() {
 		return int(n.Load()), ctx.Err() // a context's error never changes once set
@@ -823,7 +874,7 @@ func (c *Chain) parkLoop(ctx context.Context) {
 				c.Host.Unpin(hd, false)
 				continue
 			}
-			if !c.writeDown(hd) {
+			if !c.writeDown([]*Handle{hd})[0] {
 				c.parkErrors.Add(1)
 				c.Host.Unpin(hd, false)
 				continue

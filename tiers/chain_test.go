@@ -606,22 +606,23 @@ func TestPromotionWithRoomDoesNotWait(t *testing.T) {
 			}
 			slow(op, k)
 		}})
-	for i := range 100 { // of 128 slots, high watermark 96: a first batch of 16 blocks, 20 ms each
+	for i := range 100 { // of 128 slots, high watermark 96, low 64: batches of 16, 16 and 4 blocks, 20 ms each
 		r.putHost(t, chainKey(15, uint64(i)), bs)
 	}
 	cold := chainKey(15, 1000)
 	r.putNVMe(t, cold, bs)
 	r.start()
-	// After 5 demotions the block fits under the high watermark; the batch
-	// still has 10 blocks, at least 100 ms, to write.
-	eventually(t, 10*time.Second, "demotion did not start", func() bool { return r.c.Stats().Demoted >= 6 })
+	// Blocks leave the host tier a writer's run at a time. Once the first
+	// batch is down the block fits under the high watermark, and the
+	// second batch has 16 blocks, at least 160 ms, to write.
+	eventually(t, 10*time.Second, "the first batch did not go down", func() bool { return r.c.Stats().Demoted >= 16 })
 	hd, err := acquireWait(t, r.c, cold, bs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.h.Release(hd)
-	if got := demotedAtRead.Load(); got < 0 || got >= 16 {
-		t.Fatalf("the promotion read NVMe after %d demotions: it waited for the demoter's batch of 16", got)
+	if got := demotedAtRead.Load(); got < 0 || got >= 32 {
+		t.Fatalf("the promotion read NVMe after %d demotions: it waited for the demoter's second batch", got)
 	}
 }
 
@@ -691,6 +692,37 @@ func TestDemotionWritesInParallel(t *testing.T) {
 	}
 	if moved < 14 {
 		t.Fatalf("%d blocks left the host tier, want at least 14", moved)
+	}
+}
+
+// TestDemotionWritesBatched: a demotion pass hands each writer's run of
+// blocks to the store in one batched call, which writes small blocks with
+// one segment write per run instead of one per block, and every block
+// lands intact.
+func TestDemotionWritesBatched(t *testing.T) {
+	const bs = 64 << 10
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true,
+		cfg: ChainConfig{HighWatermark: 0.75, LowWatermark: 0.5}})
+	keys := make([]Key, 120) // of 128 slots: 56 go down to reach the low watermark
+	for i := range keys {
+		keys[i] = chainKey(12, uint64(i))
+		r.putHost(t, keys[i], bs)
+	}
+	r.start()
+	eventually(t, 10*time.Second, "demoter did not reach the low watermark", func() bool {
+		used, capacity := r.h.Usage()
+		return used <= capacity/2
+	})
+	moved := 0
+	for _, k := range keys {
+		if !r.h.Contains(k) {
+			moved++
+			r.checkNVMeBytes(t, k, bs)
+		}
+	}
+	writes := r.store.Stats().SegmentWrites
+	if moved < 56 || writes*4 > uint64(moved) {
+		t.Fatalf("%d blocks went down in %d segment writes, want at least 56 in a quarter as many writes", moved, writes)
 	}
 }
 

@@ -16,3 +16,13 @@ func openSegmentFile(path string, create bool) (*os.File, bool, error) {
 func dioAlign(string) (int, int) { return 4096, 4096 }
 
 func fdatasync(f *os.File) error { return f.Sync() }
+
+func writevAt(f *os.File, bufs [][]byte, off int64) error {
+	for _, b := range bufs {
+		if _, err := f.WriteAt(b, off); err != nil {
+			return err
+		}
+		off += int64(len(b))
+	}
+	return nil
+}

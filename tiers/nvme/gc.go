@@ -268,7 +268,7 @@ func (s *Store) evictDown() {
 	for {
 		s.mu.Lock()
 		over := s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
-		vs := s.pickVictimsLocked(over, Key{}, -1)
+		vs := s.pickVictimsLocked(over, nil, nil)
 		s.mu.Unlock()
 		if len(vs) == 0 {
 			return
@@ -292,7 +292,7 @@ func (s *Store) evictDown() {
 			}
 		}
 		s.mu.Unlock()
-		s.unlockVictims(vs, -1)
+		s.unlockVictims(vs, nil)
 		if err != nil {
 			s.log.Warn("nvme: eviction failed", "err", err)
 			return

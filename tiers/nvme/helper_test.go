@@ -35,6 +35,17 @@ func crashWriter(dir string) int {
 			_ = s.Delete(testKey(7, (i*13)%5000))
 			continue
 		}
+		if i%5 == 0 { // a batch of three (distinct keys: 5000 is not a multiple of 1777)
+			ks := []Key{k, testKey(7, (i+1777)%5000), testKey(7, (i+2*1777)%5000)}
+			bs := make([][]byte, len(ks))
+			for j, bk := range ks {
+				bs[j] = payloadFor(bk, crashSize(bk))
+			}
+			if err := s.PutBatch(ks, bs); err != nil {
+				fmt.Fprintln(os.Stderr, "put batch:", err)
+			}
+			continue
+		}
 		if err := s.Put(k, payloadFor(k, size)); err != nil {
 			fmt.Fprintln(os.Stderr, "put:", err)
 		}

@@ -24,6 +24,7 @@ var (
 	flagRawProf   = flag.String("nvme.rawbench.cpuprofile", "", "write a CPU profile of the store's single-stream Put phase here")
 	flagRawKiB    = flag.Int("nvme.rawbench.kib", 2048, "block size for -nvme.rawbench, in KiB")
 	flagRawStr    = flag.String("nvme.rawbench.streams", "1,2", "comma-separated goroutine counts for -nvme.rawbench")
+	flagRawBatch  = flag.Int("nvme.rawbench.batch", 1, "blocks per store call in -nvme.rawbench's Put phase (PutBatch when > 1)")
 )
 
 // TestRawVsStore measures, in one run and on the filesystem of
@@ -208,11 +209,34 @@ func storeStreams(t *testing.T, base string, bs, n, streams int, cpuprof string)
 		pprof.StartCPUProfile(f)
 	}
 	start := time.Now()
-	par(func(i int, _ []byte) {
-		if err := s.Put(key(i), blocks[i%len(blocks)]); err != nil {
-			t.Error(err)
+	if b := *flagRawBatch; b > 1 {
+		// Each goroutine stores runs of b consecutive blocks with one call.
+		groups := (n + b - 1) / b
+		var wg sync.WaitGroup
+		for g := range streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := g; j < groups; j += streams {
+					var ks []Key
+					var bs [][]byte
+					for i := j * b; i < min(n, (j+1)*b); i++ {
+						ks, bs = append(ks, key(i)), append(bs, blocks[i%len(blocks)])
+					}
+					if err := s.PutBatch(ks, bs); err != nil {
+						t.Error(err)
+					}
+				}
+			}()
 		}
-	})
+		wg.Wait()
+	} else {
+		par(func(i int, _ []byte) {
+			if err := s.Put(key(i), blocks[i%len(blocks)]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
 	}

@@ -68,6 +68,8 @@ type segStore struct {
 	rr    atomic.Uint32
 
 	bufs sync.Pool // *[]byte, aligned bounce buffers
+
+	writes atomic.Uint64 // appends written (Stats.SegmentWrites)
 }
 
 func segName(id uint32) string { return fmt.Sprintf("%08d%s", id, segSuffix) }
@@ -162,8 +164,19 @@ func (ss *segStore) retire(sg *segment) { sg.active.Store(false) }
 // length is charged to the segment's live bytes and its pending count is
 // raised; the caller must call commit or release afterwards.
 func (ss *segStore) append(payload []byte) (seg uint32, off int64, err error) {
-	n := int64(len(payload))
-	rl := ss.recLen(n)
+	var offs [1]int64
+	seg, err = ss.appendMany([][]byte{payload}, offs[:])
+	return seg, offs[0], err
+}
+
+// appendMany writes payloads as consecutive records of one segment, with
+// one write, and stores each record's offset in offs. Every record is
+// charged and pending as with append; on error none is.
+func (ss *segStore) appendMany(payloads [][]byte, offs []int64) (seg uint32, err error) {
+	var total int64
+	for _, p := range payloads {
+		total += ss.recLen(int64(len(p)))
+	}
 	start := ss.rr.Add(1)
 	var l *lane
 	for i := range uint32(nLanes) {
@@ -177,7 +190,7 @@ func (ss *segStore) append(payload []byte) (seg uint32, off int64, err error) {
 		l.mu.Lock()
 	}
 	defer l.mu.Unlock()
-	if l.seg == nil || (l.seg.size.Load() > 0 && l.seg.size.Load()+rl > ss.fileSize) {
+	if l.seg == nil || (l.seg.size.Load() > 0 && l.seg.size.Load()+total > ss.fileSize) {
 		if l.seg != nil {
 			ss.retire(l.seg)
 		}
@@ -186,53 +199,82 @@ func (ss *segStore) append(payload []byte) (seg uint32, off int64, err error) {
 		ss.mu.Unlock()
 		if err != nil {
 			l.seg = nil
-			return 0, 0, fmt.Errorf("new segment: %w", err)
+			return 0, fmt.Errorf("new segment: %w", err)
 		}
 		l.seg = sg
 	}
 	sg := l.seg
-	off = sg.size.Load()
-	sg.live.Add(rl)
-	sg.pending.Add(1)
-	if err := ss.writeRecord(sg, payload, off, rl); err != nil {
-		sg.live.Add(-rl)
-		sg.pending.Add(-1)
-		// Nothing points at the failed region; the next append overwrites it.
-		return 0, 0, err
+	off := sg.size.Load()
+	sg.live.Add(total)
+	sg.pending.Add(int32(len(payloads)))
+	undo := func() {
+		sg.live.Add(-total)
+		sg.pending.Add(-int32(len(payloads)))
 	}
-	sg.size.Store(off + rl)
+	if err := ss.writeRecords(sg, payloads, off, total); err != nil {
+		undo()
+		// Nothing points at the failed region; the next append overwrites it.
+		return 0, err
+	}
+	ss.writes.Add(1)
+	for i, p := range payloads {
+		offs[i] = off
+		off += ss.recLen(int64(len(p)))
+	}
+	sg.size.Store(off)
 	sg.dirty.Store(true)
 	if ss.syncEach {
 		if err := fdatasync(sg.f); err != nil {
-			sg.live.Add(-rl)
-			sg.pending.Add(-1)
-			return 0, 0, err
+			undo()
+			return 0, err
 		}
 	}
-	return sg.id, off, nil
+	return sg.id, nil
 }
 
-// writeRecord writes payload (padded with zeros to rl) at off: straight
-// from the caller's memory when it is aligned for direct I/O and a
-// multiple of the alignment, else through an aligned bounce buffer.
-func (ss *segStore) writeRecord(sg *segment, payload []byte, off, rl int64) error {
+// writeRecords writes payloads (each padded with zeros to its record
+// length; total bytes in all) at off: straight from the callers' memory
+// when every payload is aligned for direct I/O and a multiple of the
+// alignment (one pwritev for several), else through an aligned bounce
+// buffer.
+func (ss *segStore) writeRecords(sg *segment, payloads [][]byte, off, total int64) error {
 	sg.mu.RLock()
 	defer sg.mu.RUnlock()
 	if sg.closed {
 		return errSegmentGone
 	}
-	var b []byte
-	if int64(len(payload)) == rl && (!sg.direct || ss.aligned(payload)) {
-		b = payload
-	} else {
-		bp := ss.getBuf(int(rl))
-		defer ss.putBuf(bp)
-		b = *bp
-		c := copy(b, payload)
-		clear(b[c:])
-	}
-	if len(b) == 0 {
+	if total == 0 {
 		return nil
+	}
+	direct := true
+	for _, p := range payloads {
+		if len(p) > 0 && (int64(len(p)) != ss.recLen(int64(len(p))) || (sg.direct && !ss.aligned(p))) {
+			direct = false
+			break
+		}
+	}
+	if direct {
+		if len(payloads) == 1 {
+			_, err := sg.f.WriteAt(payloads[0], off)
+			return err
+		}
+		bufs := make([][]byte, 0, len(payloads))
+		for _, p := range payloads {
+			if len(p) > 0 {
+				bufs = append(bufs, p)
+			}
+		}
+		return writevAt(sg.f, bufs, off)
+	}
+	bp := ss.getBuf(int(total))
+	defer ss.putBuf(bp)
+	b := *bp
+	at := int64(0)
+	for _, p := range payloads {
+		c := copy(b[at:], p)
+		rl := ss.recLen(int64(len(p)))
+		clear(b[at+int64(c) : at+rl])
+		at += rl
 	}
 	_, err := sg.f.WriteAt(b, off)
 	return err
