@@ -864,17 +864,39 @@ func (c *Chain) isParked(k Key) bool {
 
 // parkLoop writes parked blocks through to NVMe, where the budget never
 // evicts them (see nvme.Options.Unevictable), and drops their host copy.
+// A parked request arrives as a burst of blocks: each writer takes its
+// share of those already queued, up to writeRun, and writes them as one
+// batch, so the other writers are not left idle.
 func (c *Chain) parkLoop(ctx context.Context) {
+	run := make([]*Handle, 0, writeRun)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case hd := <-c.parkCh:
-			if !c.isParked(hd.Key) { // resumed or released meanwhile
-				c.Host.Unpin(hd, false)
-				continue
+			run = append(run[:0], hd)
+		}
+		share := min(writeRun, 1+len(c.parkCh)/demoteWriters())
+	more:
+		for len(run) < share {
+			select {
+			case hd := <-c.parkCh:
+				run = append(run, hd)
+			default:
+				break more
 			}
-			if !c.writeDown([]*Handle{hd})[0] {
+		}
+		live := run[:0]
+		for _, hd := range run {
+			if c.isParked(hd.Key) {
+				live = append(live, hd)
+			} else {
+				c.Host.Unpin(hd, false) // resumed or released meanwhile
+			}
+		}
+		for i, ok := range c.writeDown(live) {
+			hd := live[i]
+			if !ok {
 				c.parkErrors.Add(1)
 				c.Host.Unpin(hd, false)
 				continue

@@ -726,6 +726,27 @@ func TestDemotionWritesBatched(t *testing.T) {
 	}
 }
 
+// TestParkWritesBatched: the blocks of a parked request waiting to be
+// written through go down in batches (one segment write for several
+// blocks), each intact.
+func TestParkWritesBatched(t *testing.T) {
+	const bs = 64 << 10
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true})
+	keys := make([]Key, 64)
+	for i := range keys {
+		keys[i] = Key{NS: 14 | ParkedNS, Hash: shm.Hash{Hi: 98, Lo: uint64(i)}}
+		r.putHost(t, keys[i], bs) // queued for the park writers, which start below
+	}
+	r.start()
+	eventually(t, 10*time.Second, "parked blocks not swapped out", func() bool { return r.h.Stats().Blocks == 0 })
+	for _, k := range keys {
+		r.checkNVMeBytes(t, k, bs)
+	}
+	if w := r.store.Stats().SegmentWrites; w*4 > uint64(len(keys)) {
+		t.Fatalf("%d parked blocks written in %d segment writes, want at most a quarter as many", len(keys), w)
+	}
+}
+
 // TestChainSlowDiskLookup: with a disk that takes 50 ms per write and
 // 500 ms per read, the mover's demotions and a demand promotion are stuck
 // on it, while Lookup (and host-tier Acquire) on the caller's goroutine —
