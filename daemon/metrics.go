@@ -240,6 +240,7 @@ var (
 	descNVMeDisk      = desc("nvme_disk_bytes", "Bytes the NVMe tier's directory occupies on disk (LSM, value log, manifest), last measurement.")
 	descNVMeLimit     = desc("nvme_logical_limit_bytes", "Logical bytes the NVMe tier holds before it evicts (adapts to badger's space amplification).")
 	descNVMePuts      = desc("nvme_puts_total", "Blocks written to the NVMe store.")
+	descNVMeWrites    = desc("nvme_segment_writes_total", "Segment file writes of the NVMe store: batched puts write several blocks at once (kvtier_nvme_puts_total / this = blocks per write).")
 	descNVMeNoSpace   = desc("nvme_no_space_total", "NVMe writes refused because the disk budget was exhausted.")
 	descNVMeGC        = desc("nvme_gc_runs_total", "Badger value-log files rewritten or removed by garbage collection.")
 	descNVMeFlushes   = desc("nvme_lsm_flushes_total", "Memtable flushes forced to publish badger's discard statistics.")
@@ -259,7 +260,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
-		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
+		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
 		descNVMeReindex, descNVMeReindexS, descNVMeReadHits, descNVMeReadMisss,
 		descBuildInfo,
 	} {
@@ -302,6 +303,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descNVMeDisk, float64(ns.DiskBytes))
 		gauge(descNVMeLimit, float64(ns.LogicalLimit))
 		counter(descNVMePuts, ns.Puts)
+		counter(descNVMeWrites, ns.SegmentWrites)
 		counter(descNVMeNoSpace, ns.NoSpace)
 		counter(descNVMeGC, ns.GCRuns)
 		counter(descNVMeFlushes, ns.LSMFlushes)

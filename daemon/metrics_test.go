@@ -328,6 +328,7 @@ func TestMetricsMoveWithOps(t *testing.T) {
 	increased("kvtier_swap_in_seconds")
 	increased("kvtier_sessions_opened_total")
 	increased("kvtier_nvme_puts_total")
+	increased("kvtier_nvme_segment_writes_total")
 	if n := increased("kvtier_op_duration_seconds", "op", "reserve"); n < float64(len(hs)) {
 		t.Errorf("reserve observed %v times, want ≥ %d", n, len(hs))
 	}
