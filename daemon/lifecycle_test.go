@@ -485,3 +485,35 @@ func TestClientExitedOnce(t *testing.T) {
 		t.Fatalf("client_exit_sessions_total grew by %d, want 2", got)
 	}
 }
+
+// TestSlowSetupKeepsHandshake: the handshake deadline is the peer's. A
+// session whose setup is slow on the daemon's side (its namespace is new
+// and persisting it waits, as an fsync on a busy disk can, for longer than
+// the deadline) still opens and works: before, the welcome went out after
+// the deadline and the client read EOF.
+func TestSlowSetupKeepsHandshake(t *testing.T) {
+	cfg := testConfig(t)
+	r := startDaemon(t, cfg, nil)
+	c := dialDaemon(t, cfg)
+	r.d.reg.wmu.Lock() // Register waits here
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		time.Sleep(handshakeTimeout + 500*time.Millisecond)
+		r.d.reg.wmu.Unlock()
+	}()
+	t0 := time.Now()
+	s, err := c.Open(context.Background(), testNamespace(4096))
+	<-held
+	if err != nil {
+		t.Fatalf("Open with a setup slower than the handshake deadline: %v", err)
+	}
+	if waited := time.Since(t0); waited < handshakeTimeout {
+		t.Fatalf("Open returned after %v: the setup was not slowed", waited)
+	}
+	putBlocks(t, s, 1)
+	dst := make([]byte, s.BlockBytes())
+	if err := s.Get(context.Background(), testHash(0), dst); err != nil || !bytes.Equal(dst, bytes.Repeat([]byte{1}, s.BlockBytes())) {
+		t.Fatalf("get after the slow open: %v", err)
+	}
+}

@@ -25,7 +25,10 @@ import (
 var Version = "0.1.0-dev"
 
 // handshakeTimeout bounds how long an unauthenticated peer may hold a
-// connection before sending its Hello.
+// connection before sending its Hello, and each write of the handshake
+// (a peer that never reads). It does not cover the daemon's own work in
+// between: a first namespace is persisted with fsync, which a disk busy
+// with demotions can hold for seconds.
 const handshakeTimeout = 2 * time.Second
 
 // refuseLinger bounds how long a refused peer has to read the refusal and
@@ -363,6 +366,7 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 func (d *Daemon) refuse(c *net.UnixConn, code shm.ErrCode, msg string) {
 	d.metrics.countRefused(code)
 	e := shm.ErrorMsg{Code: code, Message: msg}
+	c.SetWriteDeadline(time.Now().Add(handshakeTimeout))
 	if shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode())) != nil {
 		return
 	}
@@ -432,6 +436,8 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 		d.refuse(c, shm.CodeBadRequest, err.Error())
 		return
 	}
+	// The peer has spoken: its deadline ends here. Our writes set their own.
+	c.SetReadDeadline(time.Time{})
 	if hello.Flags&shm.HelloFlagAdmin != 0 {
 		d.serveAdmin(ctx, c, log)
 		return
@@ -448,6 +454,7 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 // hangs up.
 func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logger) {
 	w := shm.Welcome{}
+	c.SetWriteDeadline(time.Now().Add(handshakeTimeout))
 	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode())); err != nil {
 		return
 	}

@@ -151,6 +151,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 	if ga != nil {
 		w.Flags |= shm.WelcomeFlagGPU
 	}
+	c.SetWriteDeadline(time.Now().Add(handshakeTimeout)) // from now: our setup above is not the peer's time
 	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode()), d.arena.Fd(), region.Fd()); err != nil {
 		region.Close()
 		return nil, fmt.Errorf("send welcome: %w", err)
