@@ -66,7 +66,7 @@ func newMetrics(d *Daemon) *metrics {
 	})
 	m.swapOut = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Name: "swap_out_seconds",
-		Help:    "Time to write one block down host → NVMe (demotion, park write-through, flush).",
+		Help:    "Time to write one block down host → NVMe (demotion, park write-through, flush); blocks written in one batch each observe the batch's time.",
 		Buckets: latencyBuckets,
 	})
 	m.reg.MustRegister(

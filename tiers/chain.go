@@ -726,10 +726,10 @@ func (c *Chain) demoteBatch(n int) int {
 // per CPU, up to four.
 func demoteWriters() int { return min(4, runtime.GOMAXPROCS(0)) }
 
-// writeRun is the most handles one writer hands the store at once: 16
-// blocks of 64 KiB make the 1 MiB write that single-stream store puts need
-// to reach 1,384 MB/s instead of 505 MB/s one block at a time
-// (nvme.PutBatch).
+// writeRun is the most handles one writer hands the store at once
+// (nvme.PutBatch): store puts of 64 KiB blocks went in at 1,387 MB/s from
+// one goroutine in runs of 16, 490 MB/s one at a time (docs/benchmarks.md,
+// "Batched NVMe writes").
 const writeRun = 16
 
 // eachWriter hands hs to write in runs of at most writeRun, on up to
