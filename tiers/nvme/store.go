@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -541,15 +542,13 @@ func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
 	if len(keys) != len(blocks) {
 		return fmt.Errorf("nvme: put batch: %d keys, %d blocks", len(keys), len(blocks))
 	}
-	seen := make(map[Key]struct{}, len(keys))
 	for i, b := range blocks {
 		if size := int64(len(b)); size > s.maxBlock {
 			return fmt.Errorf("%w: %d > %d", ErrTooLarge, size, s.maxBlock)
 		}
-		if _, dup := seen[keys[i]]; dup {
+		if slices.Contains(keys[:i], keys[i]) { // batches are small (a writer's run)
 			return fmt.Errorf("nvme: put batch: key %v twice", keys[i])
 		}
-		seen[keys[i]] = struct{}{}
 	}
 	if err := s.enter(); err != nil {
 		return err
@@ -633,7 +632,7 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte) error {
 			over -= charged(olds[i].size)
 		}
 	}
-	victims := s.pickVictimsLocked(over, func(k Key) bool { _, in := indexOf(keys, k); return in }, &held)
+	victims := s.pickVictimsLocked(over, func(k Key) bool { return slices.Contains(keys, k) }, &held)
 	s.mu.Unlock()
 
 	offs := make([]int64, len(keys))
@@ -706,16 +705,6 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte) error {
 		s.wake()
 	}
 	return nil
-}
-
-// indexOf returns the place of k in keys.
-func indexOf(keys []Key, k Key) (int, bool) {
-	for i, x := range keys {
-		if x == k {
-			return i, true
-		}
-	}
-	return -1, false
 }
 
 type victim struct {
