@@ -61,7 +61,7 @@ func newMetrics(d *Daemon) *metrics {
 	}
 	m.swapIn = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Name: "swap_in_seconds",
-		Help:    "Time to promote one block NVMe → host (room-making demotions, disk read, commit).",
+		Help:    "Time to promote one block NVMe → host (room-making demotions, disk read, commit); blocks promoted in one batch each observe the batch's time.",
 		Buckets: latencyBuckets,
 	})
 	m.swapOut = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -241,6 +241,7 @@ var (
 	descNVMeLimit     = desc("nvme_logical_limit_bytes", "Logical bytes the NVMe tier holds before it evicts (adapts to badger's space amplification).")
 	descNVMePuts      = desc("nvme_puts_total", "Blocks written to the NVMe store.")
 	descNVMeWrites    = desc("nvme_segment_writes_total", "Segment file writes of the NVMe store: batched puts write several blocks at once (kvtier_nvme_puts_total / this = blocks per write).")
+	descNVMeReads     = desc("nvme_segment_reads_total", "Segment file reads of the NVMe store: batched promotions read blocks lying back to back at once (kvtier_nvme_store_hits_total / this = blocks per read).")
 	descNVMeNoSpace   = desc("nvme_no_space_total", "NVMe writes refused because the disk budget was exhausted.")
 	descNVMeGC        = desc("nvme_gc_runs_total", "Badger value-log files rewritten or removed by garbage collection.")
 	descNVMeFlushes   = desc("nvme_lsm_flushes_total", "Memtable flushes forced to publish badger's discard statistics.")
@@ -260,7 +261,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
-		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
+		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeReads, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
 		descNVMeReindex, descNVMeReindexS, descNVMeReadHits, descNVMeReadMisss,
 		descBuildInfo,
 	} {
@@ -304,6 +305,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descNVMeLimit, float64(ns.LogicalLimit))
 		counter(descNVMePuts, ns.Puts)
 		counter(descNVMeWrites, ns.SegmentWrites)
+		counter(descNVMeReads, ns.SegmentReads)
 		counter(descNVMeNoSpace, ns.NoSpace)
 		counter(descNVMeGC, ns.GCRuns)
 		counter(descNVMeFlushes, ns.LSMFlushes)

@@ -329,6 +329,7 @@ func TestMetricsMoveWithOps(t *testing.T) {
 	increased("kvtier_sessions_opened_total")
 	increased("kvtier_nvme_puts_total")
 	increased("kvtier_nvme_segment_writes_total")
+	increased("kvtier_nvme_segment_reads_total")
 	if n := increased("kvtier_op_duration_seconds", "op", "reserve"); n < float64(len(hs)) {
 		t.Errorf("reserve observed %v times, want ≥ %d", n, len(hs))
 	}

@@ -747,6 +747,53 @@ func TestParkWritesBatched(t *testing.T) {
 	}
 }
 
+// TestPromotionReadsBatched: a looked-up prefix whose blocks went down
+// together comes back up with one read per run of back-to-back records
+// (nvme GetBatch), each block intact; a demand Acquire of one of them is
+// served by the same runs.
+func TestPromotionReadsBatched(t *testing.T) {
+	const bs = 64 << 10
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true,
+		cfg: ChainConfig{PromoteQueue: 64}})
+	keys := make([]Key, 48)
+	nks := make([]nvme.Key, len(keys))
+	blocks := make([][]byte, len(keys))
+	for i := range keys {
+		keys[i] = chainKey(15, uint64(i))
+		nks[i], blocks[i] = nk(keys[i]), blockFor(keys[i], bs)
+	}
+	if err := r.store.PutBatch(nks, blocks); err != nil { // 3 writes of 16 blocks
+		t.Fatal(err)
+	}
+	reads0 := r.store.Stats().SegmentReads
+	// Queue every prefetch before the workers start, as a lookup does
+	// while they are busy.
+	tiers := make([]shm.Tier, len(keys))
+	if hits, _ := r.c.Lookup(keys, tiers); hits != len(keys) {
+		t.Fatalf("lookup found %d of %d", hits, len(keys))
+	}
+	got := make(chan error, 1)
+	if _, ok := r.c.Acquire(keys[40], bs, func(hd *Handle, err error) {
+		if err == nil {
+			r.h.Unpin(hd, false)
+		}
+		got <- err
+	}); !ok {
+		t.Fatal("Acquire: miss")
+	}
+	r.start()
+	if err := <-got; err != nil {
+		t.Fatalf("demand promotion: %v", err)
+	}
+	eventually(t, 10*time.Second, "prefix not promoted", func() bool { return r.c.Stats().Promoted == uint64(len(keys)) })
+	for _, k := range keys {
+		r.checkHostBytes(t, k, bs)
+	}
+	if reads := r.store.Stats().SegmentReads - reads0; reads*4 > uint64(len(keys)) {
+		t.Fatalf("%d blocks promoted with %d segment reads, want at most a quarter as many", len(keys), reads)
+	}
+}
+
 // TestChainSlowDiskLookup: with a disk that takes 50 ms per write and
 // 500 ms per read, the mover's demotions and a demand promotion are stuck
 // on it, while Lookup (and host-tier Acquire) on the caller's goroutine —
@@ -924,6 +971,91 @@ func BenchmarkPromote(b *testing.B) {
 			if st := r.c.Stats(); st.Promoted != uint64(b.N) || st.PromoteErrors != 0 {
 				b.Fatalf("promoted %d of %d (errors %d)", st.Promoted, b.N, st.PromoteErrors)
 			}
+		})
+	}
+}
+
+// BenchmarkPromotePrefix measures how long a looked-up prefix of 64 blocks
+// of 64 KiB that is only in NVMe takes to come up: Lookup (which queues
+// the prefetches), an Acquire of every block, until the last lease. The
+// blocks were written down in runs of 16, as the mover writes them.
+// "batched" is the default (a promotion worker takes up to 1 MiB of queued
+// blocks and reads back-to-back records with one read); "one-per-read" is
+// the same chain promoting one block per read, the baseline of the same
+// run. Run with -benchtime=200x or so: p50/p99 are per prefix.
+func BenchmarkPromotePrefix(b *testing.B) {
+	const bs, prefix, prefixes = 64 << 10, 64, 8
+	for _, mode := range []struct {
+		name string
+		run  int64
+	}{{"one-per-read", 1}, {"batched", promoteRunBytes}} {
+		b.Run(mode.name, func(b *testing.B) {
+			r := newChainRig(b, rigOpts{hostBytes: 64 << 20, slabBytes: 8 << 20, nvmeBytes: 1 << 30, noStart: true,
+				cfg: ChainConfig{PromoteQueue: 2 * prefix}})
+			r.c.promoteRun = mode.run
+			r.start()
+			chains := make([][]Key, prefixes)
+			for p := range chains {
+				chains[p] = make([]Key, prefix)
+				for i := range chains[p] {
+					chains[p][i] = chainKey(16, uint64(p*prefix+i))
+				}
+				for i := 0; i < prefix; i += writeRun {
+					var nks []nvme.Key
+					var blocks [][]byte
+					for _, k := range chains[p][i : i+writeRun] {
+						nks, blocks = append(nks, nk(k)), append(blocks, blockFor(k, bs))
+					}
+					if err := r.store.PutBatch(nks, blocks); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			tiers := make([]shm.Tier, prefix)
+			done := make(chan error, prefix)
+			cb := func(hd *Handle, err error) {
+				if err == nil {
+					r.h.Release(hd)
+				}
+				done <- err
+			}
+			lat := make([]time.Duration, 0, b.N)
+			reads0 := r.store.Stats().SegmentReads
+			b.SetBytes(bs * prefix)
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				keys := chains[n%prefixes]
+				t0 := time.Now()
+				if hits, _ := r.c.Lookup(keys, tiers); hits != prefix {
+					b.Fatalf("lookup found %d of %d", hits, prefix)
+				}
+				for _, k := range keys {
+					hd, ok := r.c.Acquire(k, bs, cb)
+					if !ok {
+						b.Fatal("Acquire: miss")
+					}
+					if hd != nil { // its prefetch finished first
+						r.h.Release(hd)
+						done <- nil
+					}
+				}
+				for range keys {
+					if err := <-done; err != nil {
+						b.Fatal(err)
+					}
+				}
+				lat = append(lat, time.Since(t0))
+				b.StopTimer()
+				for _, k := range keys {
+					r.h.Delete(k) // NVMe-only again for the next pass
+				}
+				b.StartTimer()
+			}
+			b.StopTimer()
+			p50, p99, _ := percentiles(lat)
+			b.ReportMetric(float64(p50.Nanoseconds())/1e6, "p50-ms")
+			b.ReportMetric(float64(p99.Nanoseconds())/1e6, "p99-ms")
+			b.ReportMetric(float64(b.N*prefix)/float64(r.store.Stats().SegmentReads-reads0), "blocks/read")
 		})
 	}
 }

@@ -3,6 +3,7 @@
 package nvme
 
 import (
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -55,15 +56,41 @@ func writevAt(f *os.File, bufs [][]byte, off int64) error {
 			return &os.PathError{Op: "pwritev", Path: f.Name(), Err: unix.EIO}
 		}
 		off += int64(n)
-		for n > 0 && len(bufs) > 0 { // a short write: skip what was written
-			if n < len(bufs[0]) {
-				bufs[0] = bufs[0][n:]
-				n = 0
-			} else {
-				n -= len(bufs[0])
-				bufs = bufs[1:]
-			}
+		bufs = advance(bufs, n) // a short write: skip what was written
+	}
+	return nil
+}
+
+// advance drops the first n bytes of bufs (a short transfer's part done).
+// It may reslice bufs[0] in place: the bytes are not touched.
+func advance(bufs [][]byte, n int) [][]byte {
+	for n > 0 && len(bufs) > 0 {
+		if n < len(bufs[0]) {
+			bufs[0] = bufs[0][n:]
+			n = 0
+		} else {
+			n -= len(bufs[0])
+			bufs = bufs[1:]
 		}
+	}
+	return bufs
+}
+
+// readvAt fills bufs back to back from off with preadv: one system call
+// (one I/O) for records adjacent on disk. A file that ends early is an
+// error.
+func readvAt(f *os.File, bufs [][]byte, off int64) error {
+	fd := int(f.Fd())
+	for len(bufs) > 0 {
+		n, err := unix.Preadv(fd, bufs, off)
+		if err != nil {
+			return &os.PathError{Op: "preadv", Path: f.Name(), Err: err}
+		}
+		if n == 0 {
+			return &os.PathError{Op: "preadv", Path: f.Name(), Err: io.ErrUnexpectedEOF}
+		}
+		off += int64(n)
+		bufs = advance(bufs, n)
 	}
 	return nil
 }

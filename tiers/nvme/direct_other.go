@@ -26,3 +26,13 @@ func writevAt(f *os.File, bufs [][]byte, off int64) error {
 	}
 	return nil
 }
+
+func readvAt(f *os.File, bufs [][]byte, off int64) error {
+	for _, b := range bufs {
+		if _, err := f.ReadAt(b, off); err != nil {
+			return err
+		}
+		off += int64(len(b))
+	}
+	return nil
+}

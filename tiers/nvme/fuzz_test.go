@@ -62,13 +62,16 @@ func FuzzDecodeKey(f *testing.F) {
 }
 
 // FuzzIndexRecord replaces block a's index record in badger with arbitrary
-// bytes, then reads a, at once or after a restart (reindex). Whatever the
-// record says, a Get returns a's exact bytes or a miss; it may report a
+// bytes, then reads a, at once or after a restart (reindex), with Get or
+// with a GetBatch of a and b. Whatever the record says, the read returns
+// a's exact bytes or a miss; it may report a
 // short buffer only for a length the segment really holds; and block b,
 // stored beside it, still reads back intact (a corrupt length must not
 // make the store evict to make room for it).
 func FuzzIndexRecord(f *testing.F) {
-	const sizeA, sizeB = 70000, 5000
+	// a fills whole alignment units, so GetBatch reads it on its batched
+	// path (b, unaligned, goes through Get).
+	const sizeA, sizeB = 64 << 10, 5000
 	ka, kb := testKey(1, 1), testKey(1, 2)
 	// recOf is k's true record (checksum of its payload of size bytes)
 	// with the length, segment and offset replaced.
@@ -84,16 +87,17 @@ func FuzzIndexRecord(f *testing.F) {
 	// Seeds: plausible records for the first segment (ids start at 1; a
 	// is written first, at offset 0), b's record under a's key, lengths
 	// past the segment and far past any block, and garbage.
-	f.Add(recOf(ka, sizeA, sizeA, 1, 0), false)
-	f.Add(recOf(ka, sizeA, sizeA, 1, 0), true)
-	f.Add(recOf(kb, sizeB, sizeB, 1, 73728), false)
-	f.Add(recOf(ka, sizeA, 1<<30, 1, 0), false)
-	f.Add(recOf(ka, sizeA, 1<<40, 1, 0), true)
-	f.Add(recOf(ka, sizeA, 1<<40, 1, 0), false)
-	f.Add(recOf(ka, sizeA, sizeA, 1, 1<<40), true)
-	f.Add(recOf(ka, sizeA, sizeA, 7, 0), false)
-	f.Add([]byte("not a record"), true)
-	f.Fuzz(func(t *testing.T, v []byte, restart bool) {
+	f.Add(recOf(ka, sizeA, sizeA, 1, 0), false, false)
+	f.Add(recOf(ka, sizeA, sizeA, 1, 0), true, true)
+	f.Add(recOf(kb, sizeB, sizeB, 1, sizeA), false, true)
+	f.Add(recOf(ka, sizeA, sizeA, 1, sizeA), false, true)
+	f.Add(recOf(ka, sizeA, 1<<30, 1, 0), false, false)
+	f.Add(recOf(ka, sizeA, 1<<40, 1, 0), true, true)
+	f.Add(recOf(ka, sizeA, 1<<40, 1, 0), false, false)
+	f.Add(recOf(ka, sizeA, sizeA, 1, 1<<40), true, false)
+	f.Add(recOf(ka, sizeA, sizeA, 7, 0), false, true)
+	f.Add([]byte("not a record"), true, false)
+	f.Fuzz(func(t *testing.T, v []byte, restart, batch bool) {
 		dir := filepath.Join(t.TempDir(), "nvme")
 		s := openT(t, dir, 64<<20)
 		defer func() { s.Close() }()
@@ -116,8 +120,18 @@ func FuzzIndexRecord(f *testing.F) {
 			}
 			s = openT(t, dir, 64<<20)
 		}
-		dst := make([]byte, 1<<20)
-		n, err := s.Get(ka, dst)
+		dst := alignedBuf(1 << 20)
+		var n int
+		var err error
+		if batch {
+			ns, errs := s.GetBatch([]Key{ka, kb}, [][]byte{dst, alignedBuf(sizeB)})
+			if errs[1] != nil || ns[1] != sizeB {
+				t.Fatalf("GetBatch of the intact neighbour: %d, %v", ns[1], errs[1])
+			}
+			n, err = ns[0], errs[0]
+		} else {
+			n, err = s.Get(ka, dst)
+		}
 		switch {
 		case err == nil:
 			if !bytes.Equal(dst[:n], payloadFor(ka, sizeA)) {

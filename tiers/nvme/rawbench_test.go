@@ -24,7 +24,7 @@ var (
 	flagRawProf   = flag.String("nvme.rawbench.cpuprofile", "", "write a CPU profile of the store's single-stream Put phase here")
 	flagRawKiB    = flag.Int("nvme.rawbench.kib", 2048, "block size for -nvme.rawbench, in KiB")
 	flagRawStr    = flag.String("nvme.rawbench.streams", "1,2", "comma-separated goroutine counts for -nvme.rawbench")
-	flagRawBatch  = flag.Int("nvme.rawbench.batch", 1, "blocks per store call in -nvme.rawbench's Put phase (PutBatch when > 1)")
+	flagRawBatch  = flag.Int("nvme.rawbench.batch", 1, "blocks per store call in -nvme.rawbench (PutBatch and GetBatch when > 1)")
 )
 
 // TestRawVsStore measures, in one run and on the filesystem of
@@ -252,6 +252,36 @@ func storeStreams(t *testing.T, base string, bs, n, streams int, cpuprof string)
 		t.Fatal(err)
 	}
 	defer s.Close()
+	if b := *flagRawBatch; b > 1 {
+		// Each goroutine reads runs of b consecutive blocks with one call.
+		groups := (n + b - 1) / b
+		start := time.Now()
+		var wg sync.WaitGroup
+		for g := range streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				bufs := make([][]byte, b)
+				for i := range bufs {
+					bufs[i] = alignedBuf(bs)
+				}
+				for j := g; j < groups; j += streams {
+					var ks []Key
+					for i := j * b; i < min(n, (j+1)*b); i++ {
+						ks = append(ks, key(i))
+					}
+					ns, errs := s.GetBatch(ks, bufs[:len(ks)])
+					for i := range ks {
+						if errs[i] != nil || ns[i] != bs {
+							t.Errorf("GetBatch %d: n=%d err=%v", j*b+i, ns[i], errs[i])
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return w, mbps(total, time.Since(start))
+	}
 	r = mbps(total, par(func(i int, buf []byte) {
 		if n, err := s.Get(key(i), buf); err != nil || n != bs {
 			t.Errorf("Get %d: n=%d err=%v", i, n, err)

@@ -70,6 +70,7 @@ type segStore struct {
 	bufs sync.Pool // *[]byte, aligned bounce buffers
 
 	writes atomic.Uint64 // appends written (Stats.SegmentWrites)
+	reads  atomic.Uint64 // reads issued (Stats.SegmentReads)
 }
 
 func segName(id uint32) string { return fmt.Sprintf("%08d%s", id, segSuffix) }
@@ -357,6 +358,7 @@ func (ss *segStore) read(seg uint32, off, n int64, dst []byte) error {
 	if n == 0 {
 		return nil
 	}
+	ss.reads.Add(1)
 	if !sg.direct || (n%ss.offAlign == 0 && ss.aligned(dst)) {
 		_, err := sg.f.ReadAt(dst[:n], off)
 		return err

@@ -96,6 +96,7 @@ type Stats struct {
 	LSMFlushes      uint64 // always 0 since the segment store (kept for compatibility)
 	Relocated       uint64 // blocks moved by segment compaction
 	SegmentWrites   uint64 // segment file writes: one per Put, per chunk of a PutBatch, per relocated block
+	SegmentReads    uint64 // segment file reads: one per Get, per relocated block, per run of back-to-back records of a GetBatch
 	ReindexBlocks   int
 	ReindexDuration time.Duration
 	MovedAside      string // non-empty if Open found the directory corrupt and moved it here
@@ -1069,6 +1070,7 @@ func (s *Store) Stats() Stats {
 	st.Evictions, st.Puts, st.NoSpace = s.evictions.Load(), s.puts.Load(), s.noSpace.Load()
 	st.GCRuns, st.Relocated = s.gcRuns.Load(), s.moved.Load()
 	st.SegmentWrites = s.segs.writes.Load()
+	st.SegmentReads = s.segs.reads.Load()
 	st.ReindexBlocks, st.ReindexDuration = s.reindexBlocks, s.reindexDuration
 	st.MovedAside = s.movedAside
 	return st

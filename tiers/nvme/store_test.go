@@ -189,6 +189,10 @@ func TestConcurrentOps(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			dst := make([]byte, 512<<10)
+			bufs := make([][]byte, 4)
+			for j := range bufs {
+				bufs[j] = alignedBuf(512 << 10)
+			}
 			var p, g int64
 			for i := uint64(0); time.Now().Before(deadline); i++ {
 				k := testKey(uint32(w%2), (i*7+uint64(w))%300)
@@ -200,7 +204,29 @@ func TestConcurrentOps(t *testing.T) {
 						return
 					}
 					p++
-				case 2, 3:
+				case 3:
+					// A batch of this key and its neighbours, often written
+					// back to back by the other workers.
+					var ks []Key
+					for j := range uint64(4) {
+						ks = append(ks, testKey(uint32(w%2), ((i+j)*7+uint64(w))%300))
+					}
+					ns, errs := s.GetBatch(ks, bufs)
+					for j, k := range ks {
+						if err := errs[j]; err == nil {
+							g++
+							size := 16<<10 + int(k.Hash.Lo%16)*(16<<10)
+							if ns[j] != size || !bytes.Equal(bufs[j][:size], payloadFor(k, size)) {
+								mu.Lock()
+								wrong++
+								mu.Unlock()
+							}
+						} else if !errors.Is(err, ErrNotFound) {
+							t.Errorf("GetBatch: %v", err)
+							return
+						}
+					}
+				case 2:
 					n, err := s.Get(k, dst)
 					if err == nil {
 						g++
