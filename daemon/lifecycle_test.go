@@ -76,12 +76,22 @@ func dialDaemon(t *testing.T, cfg Config) *client.Client {
 
 func startDaemon(t *testing.T, cfg Config, log *slog.Logger) *running {
 	t.Helper()
+	return startDaemonWith(t, cfg, log, nil)
+}
+
+// startDaemonWith is startDaemon with set, if not nil, applied to the
+// daemon before it runs.
+func startDaemonWith(t *testing.T, cfg Config, log *slog.Logger, set func(*Daemon)) *running {
+	t.Helper()
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	d, err := New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if set != nil {
+		set(d)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{d: d, cancel: cancel, done: make(chan error, 1)}

@@ -47,8 +47,11 @@ type Daemon struct {
 	nvme  *nvme.Store // nil when the NVMe tier is off
 	chain *tiers.Chain
 	gpus  *tiers.GPUSet // nil when the GPU tier is off (gpu.go)
-	reg   *Registry
-	ln    *net.UnixListener
+	// sleepBound caps a ring loop's futex sleep (the const sleepBound;
+	// tests raise it before Run).
+	sleepBound time.Duration
+	reg        *Registry
+	ln         *net.UnixListener
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
@@ -81,7 +84,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{},
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
 	d.procs.init()
 	if cfg.Metrics.Listen != "" {

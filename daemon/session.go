@@ -18,7 +18,9 @@ import (
 )
 
 // sleepBound caps each futex sleep of the ring loop so a stop request or a
-// lost doorbell (the peer is untrusted) is noticed promptly.
+// lost doorbell (the peer is untrusted) is noticed promptly. Tests raise it
+// (Daemon.sleepBound) so that a wake-up lost by the daemon itself shows as
+// a hang rather than a delay.
 const sleepBound = 50 * time.Millisecond
 
 // errStopped ends a ring loop that was asked to stop.
@@ -338,7 +340,7 @@ func (s *session) loop() error {
 			// its next entry may be a poll away: catching it here saves
 			// the client a doorbell and us a sleep, and teaches the pacer
 			// whether the session is hot.
-			if s.spin > 0 && !s.granted && s.ring.DaemonPollQuick(&s.pacer) {
+			if s.spin > 0 && !s.granted && s.ring.DaemonPollQuick(&s.pacer, s.woken) {
 				continue
 			}
 			// Spinning sessions are capped to half the CPUs so that many
@@ -356,7 +358,11 @@ func (s *session) loop() error {
 			if s.d.spinners.Add(1) <= s.d.spinLimit(!s.granted && s.pacer.Hot()) {
 				spin = s.spin
 			}
-			s.ring.DaemonWaitPaced(spin, &s.pacer, sleepBound)
+			// A promotion finishing or a stop meanwhile ends the wait
+			// (see woken): checked only at the top of the loop, one
+			// that came during the spin was slept through until
+			// sleepBound.
+			s.ring.DaemonWaitPaced(spin, &s.pacer, s.d.sleepBound, s.woken)
 			s.d.spinners.Add(-1)
 			continue
 		}
@@ -380,6 +386,12 @@ func (s *session) loop() error {
 		s.ring.DaemonPush(cqes[:m])
 	}
 }
+
+// woken reports whether the loop has work besides submissions: finished
+// promotions to complete, or a stop. Both are announced by
+// DaemonInterrupt after they are made visible, so a wait that checks this
+// never sleeps through them.
+func (s *session) woken() bool { return len(s.deferred) > 0 || s.stopped() }
 
 // drainDeferred turns promotions that finished into completions.
 func (s *session) drainDeferred(out []shm.CQE) int {

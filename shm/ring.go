@@ -254,14 +254,28 @@ func (r *Ring) DaemonWait(spin, d time.Duration) {
 }
 
 // DaemonWaitPaced is DaemonWait with a Pacer kept across waits (see
-// Spinner).
-func (r *Ring) DaemonWaitPaced(spin time.Duration, p *Pacer, d time.Duration) {
-	waitOn(r.DaemonPending, r.sqSleep, r.sqSeq, spin, p, d)
+// Spinner) that also returns when more, if not nil, reports work of the
+// daemon's own: completions that other goroutines hand the ring loop. Who
+// makes more true must call DaemonInterrupt afterwards; then the wake-up
+// cannot be lost, whether it comes before the wait reads the sequence
+// word (more is true when checked) or after (the futex sees a new value).
+func (r *Ring) DaemonWaitPaced(spin time.Duration, p *Pacer, d time.Duration, more func() bool) {
+	waitOn(r.daemonReady(more), r.sqSleep, r.sqSeq, spin, p, d)
 }
 
-// DaemonPollQuick polls the submission ring briefly (see Pacer.Hot) and
-// reports whether entries arrived; p learns from the outcome.
-func (r *Ring) DaemonPollQuick(p *Pacer) bool { return p.pollQuick(r.DaemonPending) }
+// DaemonPollQuick polls the submission ring (and more, as in
+// DaemonWaitPaced) briefly (see Pacer.Hot) and reports whether entries
+// arrived; p learns from the outcome.
+func (r *Ring) DaemonPollQuick(p *Pacer, more func() bool) bool {
+	return p.pollQuick(r.daemonReady(more))
+}
+
+func (r *Ring) daemonReady(more func() bool) func() bool {
+	if more == nil {
+		return r.DaemonPending
+	}
+	return func() bool { return r.DaemonPending() || more() }
+}
 
 // DaemonInterrupt wakes a DaemonWait (used to stop a session).
 func (r *Ring) DaemonInterrupt() {

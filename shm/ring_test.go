@@ -336,6 +336,40 @@ func TestRingWaitReturnsWhenReady(t *testing.T) {
 	}
 }
 
+// TestRingWaitMore: a daemon wait returns when more reports work, whether
+// the work (and its DaemonInterrupt) came before the wait, during its spin
+// or during its sleep; with more, an interrupt is never slept through.
+func TestRingWaitMore(t *testing.T) {
+	_, d := heapRings(t, RingLayout{Entries: 8})
+	var work atomic.Bool
+	more := func() bool { return work.Load() }
+	work.Store(true)
+	t0 := time.Now()
+	d.DaemonWaitPaced(0, nil, 10*time.Second, more)
+	if el := time.Since(t0); el > time.Second {
+		t.Fatalf("wait with work already there took %v", el)
+	}
+	var p Pacer
+	for i := range 2000 {
+		work.Store(false)
+		delay := time.Duration(i%50) * time.Microsecond
+		go func() {
+			if delay > 0 {
+				time.Sleep(delay)
+			}
+			work.Store(true)
+			d.DaemonInterrupt()
+		}()
+		t0 := time.Now()
+		for !work.Load() { // a wake-up of an earlier round may end a wait early
+			d.DaemonWaitPaced(time.Duration(i%3)*10*time.Microsecond, &p, 10*time.Second, more)
+			if el := time.Since(t0); el > 5*time.Second {
+				t.Fatalf("round %d (work after %v): the wait slept through it for %v", i, delay, el)
+			}
+		}
+	}
+}
+
 func TestRingInterrupt(t *testing.T) {
 	c, d := heapRings(t, RingLayout{Entries: 8})
 	for _, side := range []struct {
