@@ -387,14 +387,20 @@ func replayNamespace(blockBytes uint64) client.Namespace {
 }
 
 // replay op kinds, indexing the latency samples.
+// A request's get also counts as get-host when its hit blocks were all in
+// faster tiers and as get-nvme when some waited for a promotion: their
+// tails differ by the disk, and an operator tuning swap-in watches the
+// second.
 const (
 	rLookup = iota
 	rGet
+	rGetHost
+	rGetNVMe
 	rPut
 	rKinds
 )
 
-var replayKindNames = [rKinds]string{"lookup", "get", "put"}
+var replayKindNames = [rKinds]string{"lookup", "get", "get-host", "get-nvme", "put"}
 
 // tierHit is the share of referenced blocks that Lookup found in one tier.
 type tierHit struct {
@@ -648,6 +654,11 @@ func (w *replayWorker) request(ctx context.Context, seed uint64, r *trace.Reques
 			}
 		}
 		w.samples[rGet] = append(w.samples[rGet], int64(el))
+		kind := rGetHost
+		if slices.Contains(lr.Tiers[:lr.Hits], client.TierNVMe) {
+			kind = rGetNVMe
+		}
+		w.samples[kind] = append(w.samples[kind], int64(el))
 	}
 	w.served += uint64(min(served*trace.BlockTokens, r.InputLength))
 
@@ -796,7 +807,8 @@ func printReplay(w io.Writer, res *replayResult) {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", k, l.Count, l.MeanUS, l.P50US, l.P99US, l.P999US, l.MaxUS)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "(per request: one lookup of the chain; get and put of all its hit / missed blocks)")
+	fmt.Fprintln(w, "(per request: one lookup of the chain; get and put of all its hit / missed blocks;")
+	fmt.Fprintln(w, " get-host: gets whose blocks were all in faster tiers, get-nvme: gets that waited for promotions)")
 }
 
 // startReplayProgress draws a request-count bar on stderr when it is a

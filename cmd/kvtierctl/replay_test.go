@@ -208,6 +208,12 @@ func TestReplayLive(t *testing.T) {
 	if second.PutStored != 0 || second.Latency["get"].Count == 0 {
 		t.Errorf("second pass stored %d blocks, %d gets", second.PutStored, second.Latency["get"].Count)
 	}
+	for i, res := range []replayResult{first, second} {
+		// Every request's get is also a get-host or a get-nvme.
+		if g, h, n := res.Latency["get"].Count, res.Latency["get-host"].Count, res.Latency["get-nvme"].Count; g == 0 || h+n != g {
+			t.Errorf("pass %d: %d gets, %d get-host + %d get-nvme", i+1, g, h, n)
+		}
+	}
 
 	// A fresh seed starts cold again; --limit and the table.
 	fresh := replayJSON(t, "--socket", sock, "--block-size", "16KiB", "--fresh", "--limit", "50", path)
@@ -215,7 +221,7 @@ func TestReplayLive(t *testing.T) {
 		t.Errorf("--fresh --limit 50: %d requests, seed %s, hit %.3f", fresh.Requests, fresh.Seed, fresh.BlockHitRatio)
 	}
 	out := mustRun(t, "replay", "--socket", sock, "--block-size", "16KiB", "--seed", "0x4d", "--limit", "20", "--speed", "1000", path)
-	for _, want := range []string{"20 requests", "hit in host", "prefix hit ratio", "failed verification", "FROM", "nvme", "OP", "P99.9", "lookup", "get"} {
+	for _, want := range []string{"20 requests", "hit in host", "prefix hit ratio", "failed verification", "FROM", "nvme", "OP", "P99.9", "lookup", "get", "get-host"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
