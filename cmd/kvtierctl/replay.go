@@ -387,10 +387,9 @@ func replayNamespace(blockBytes uint64) client.Namespace {
 }
 
 // replay op kinds, indexing the latency samples.
-// A request's get also counts as get-host when its hit blocks were all in
-// faster tiers and as get-nvme when some waited for a promotion: their
-// tails differ by the disk, and an operator tuning swap-in watches the
-// second.
+// A request's get also counts as get-nvme when its lookup found blocks in
+// NVMe (served by promotion) and as get-host otherwise: their tails differ
+// by the disk, and an operator tuning swap-in watches the first.
 const (
 	rLookup = iota
 	rGet
@@ -808,7 +807,7 @@ func printReplay(w io.Writer, res *replayResult) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "(per request: one lookup of the chain; get and put of all its hit / missed blocks;")
-	fmt.Fprintln(w, " get-host: gets whose blocks were all in faster tiers, get-nvme: gets that waited for promotions)")
+	fmt.Fprintln(w, " get-nvme: those whose lookup found blocks in NVMe, served by promotion; get-host: the others)")
 }
 
 // startReplayProgress draws a request-count bar on stderr when it is a
