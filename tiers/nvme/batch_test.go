@@ -37,12 +37,7 @@ func TestPutBatch(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "nvme")
 			s := openT(t, dir, 256<<20)
 			defer func() { s.Close() }()
-			keys := make([]Key, len(tt.sizes))
-			blocks := make([][]byte, len(tt.sizes))
-			for i, sz := range tt.sizes {
-				keys[i] = testKey(3, uint64(i))
-				blocks[i] = payloadFor(keys[i], sz)
-			}
+			keys, blocks := keysAndBlocks(3, tt.sizes)
 			if tt.badKeys {
 				keys[1] = keys[0]
 			}
@@ -124,4 +119,15 @@ func TestPutBatchEvictsOthers(t *testing.T) {
 	if s.Contains(testKey(1, 0)) || !s.Contains(testKey(1, uint64(n-1))) {
 		t.Fatal("the batch did not evict the least recently used blocks first")
 	}
+}
+
+// keysAndBlocks returns keys testKey(ns, i) and their payloads of sizes[i].
+func keysAndBlocks(ns uint32, sizes []int) ([]Key, [][]byte) {
+	keys := make([]Key, len(sizes))
+	blocks := make([][]byte, len(sizes))
+	for i, sz := range sizes {
+		keys[i] = testKey(ns, uint64(i))
+		blocks[i] = payloadFor(keys[i], sz)
+	}
+	return keys, blocks
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/dgraph-io/badger/v4"
@@ -84,12 +85,7 @@ func TestGetBatch(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "nvme")
 			s := openT(t, dir, 256<<20)
 			defer func() { s.Close() }()
-			keys := make([]Key, len(tt.sizes))
-			blocks := make([][]byte, len(tt.sizes))
-			for i, sz := range tt.sizes {
-				keys[i] = testKey(4, uint64(i))
-				blocks[i] = payloadFor(keys[i], sz)
-			}
+			keys, blocks := keysAndBlocks(4, tt.sizes)
 			if err := s.PutBatch(keys, blocks); err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +134,7 @@ func TestGetBatch(t *testing.T) {
 					if !errors.Is(errs[j], ErrShortBuffer) || ns[j] != tt.sizes[i] {
 						t.Errorf("short buffer, position %d: %d, %v", j, ns[j], errs[j])
 					}
-				case contains(tt.corrupt, i):
+				case slices.Contains(tt.corrupt, i):
 					if !errors.Is(errs[j], ErrNotFound) || !errors.Is(errs[j], ErrChecksum) {
 						t.Errorf("corrupt block %d: %d, %v; want a checksum miss", i, ns[j], errs[j])
 					}
@@ -212,13 +208,4 @@ func seq(n int) []int {
 		out[i] = i
 	}
 	return out
-}
-
-func contains(xs []int, x int) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }

@@ -211,25 +211,16 @@ func storeStreams(t *testing.T, base string, bs, n, streams int, cpuprof string)
 	start := time.Now()
 	if b := *flagRawBatch; b > 1 {
 		// Each goroutine stores runs of b consecutive blocks with one call.
-		groups := (n + b - 1) / b
-		var wg sync.WaitGroup
-		for g := range streams {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for j := g; j < groups; j += streams {
-					var ks []Key
-					var bs [][]byte
-					for i := j * b; i < min(n, (j+1)*b); i++ {
-						ks, bs = append(ks, key(i)), append(bs, blocks[i%len(blocks)])
-					}
-					if err := s.PutBatch(ks, bs); err != nil {
-						t.Error(err)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		inRuns(n, b, streams, func(_, lo, hi int) {
+			var ks []Key
+			var bs [][]byte
+			for i := lo; i < hi; i++ {
+				ks, bs = append(ks, key(i)), append(bs, blocks[i%len(blocks)])
+			}
+			if err := s.PutBatch(ks, bs); err != nil {
+				t.Error(err)
+			}
+		})
 	} else {
 		par(func(i int, _ []byte) {
 			if err := s.Put(key(i), blocks[i%len(blocks)]); err != nil {
@@ -254,33 +245,24 @@ func storeStreams(t *testing.T, base string, bs, n, streams int, cpuprof string)
 	defer s.Close()
 	if b := *flagRawBatch; b > 1 {
 		// Each goroutine reads runs of b consecutive blocks with one call.
-		groups := (n + b - 1) / b
-		start := time.Now()
-		var wg sync.WaitGroup
-		for g := range streams {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				bufs := make([][]byte, b)
-				for i := range bufs {
-					bufs[i] = alignedBuf(bs)
-				}
-				for j := g; j < groups; j += streams {
-					var ks []Key
-					for i := j * b; i < min(n, (j+1)*b); i++ {
-						ks = append(ks, key(i))
-					}
-					ns, errs := s.GetBatch(ks, bufs[:len(ks)])
-					for i := range ks {
-						if errs[i] != nil || ns[i] != bs {
-							t.Errorf("GetBatch %d: n=%d err=%v", j*b+i, ns[i], errs[i])
-						}
-					}
-				}
-			}()
+		bufs := make([][][]byte, streams)
+		for g := range bufs {
+			for range b {
+				bufs[g] = append(bufs[g], alignedBuf(bs))
+			}
 		}
-		wg.Wait()
-		return w, mbps(total, time.Since(start))
+		return w, mbps(total, inRuns(n, b, streams, func(g, lo, hi int) {
+			var ks []Key
+			for i := lo; i < hi; i++ {
+				ks = append(ks, key(i))
+			}
+			ns, errs := s.GetBatch(ks, bufs[g][:len(ks)])
+			for i := range ks {
+				if errs[i] != nil || ns[i] != bs {
+					t.Errorf("GetBatch %d: n=%d err=%v", lo+i, ns[i], errs[i])
+				}
+			}
+		}))
 	}
 	r = mbps(total, par(func(i int, buf []byte) {
 		if n, err := s.Get(key(i), buf); err != nil || n != bs {
@@ -288,4 +270,24 @@ func storeStreams(t *testing.T, base string, bs, n, streams int, cpuprof string)
 		}
 	}))
 	return w, r
+}
+
+// inRuns calls fn for each run [lo, hi) of b consecutive indexes below n,
+// the runs dealt round-robin to streams goroutines (g is the goroutine's
+// number), and returns how long they all took.
+func inRuns(n, b, streams int, fn func(g, lo, hi int)) time.Duration {
+	start := time.Now()
+	runs := (n + b - 1) / b
+	var wg sync.WaitGroup
+	for g := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := g; j < runs; j += streams {
+				fn(g, j*b, min(n, (j+1)*b))
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start)
 }
