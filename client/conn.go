@@ -288,7 +288,9 @@ func (cn *conn) reaper() {
 		if cn.isDead() {
 			return
 		}
-		cn.ring.ClientWait(0, 10*time.Millisecond)
+		// kill interrupts after closing deadCh: checking it in the wait
+		// means the reaper never sleeps through its connection's death.
+		cn.ring.ClientWait(0, 10*time.Millisecond, cn.isDead)
 	}
 }
 

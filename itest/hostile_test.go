@@ -183,7 +183,7 @@ func (r *rawSession) pop(n int) []shm.CQE {
 			if time.Now().After(deadline) {
 				r.t.Fatalf("%d of %d completions after 5s", got, n)
 			}
-			r.ring.ClientWait(0, 10*time.Millisecond)
+			r.ring.ClientWait(0, 10*time.Millisecond, nil)
 		}
 	}
 	return out

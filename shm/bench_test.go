@@ -58,7 +58,7 @@ func BenchmarkRingRoundTrip(b *testing.B) {
 				}
 				c.ClientWake()
 				for c.ClientPop(cq) == 0 {
-					c.ClientWait(bc.spin, 50*time.Millisecond)
+					c.ClientWait(bc.spin, 50*time.Millisecond, nil)
 				}
 				if cq[0].UserData != uint64(i) {
 					b.Fatalf("completion %d for %d", cq[0].UserData, i)

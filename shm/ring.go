@@ -189,10 +189,16 @@ func (r *Ring) ClientPop(dst []CQE) int {
 // while another goroutine pops.
 func (r *Ring) ClientPending() bool { return r.cqTail.Load() != r.cqHead.Load() }
 
-// ClientWait blocks until a completion may be available or d passes. It
-// spins for spin first, then sleeps on the completion futex.
-func (r *Ring) ClientWait(spin, d time.Duration) {
-	waitOn(r.ClientPending, r.cqSleep, r.cqSeq, spin, nil, d)
+// ClientWait blocks until a completion may be available, more (if not
+// nil) reports true, or d passes. It spins for spin first, then sleeps on
+// the completion futex. Whoever makes more true must call ClientInterrupt
+// afterwards (see DaemonWaitPaced).
+func (r *Ring) ClientWait(spin, d time.Duration, more func() bool) {
+	ready := r.ClientPending
+	if more != nil {
+		ready = func() bool { return r.ClientPending() || more() }
+	}
+	waitOn(ready, r.cqSleep, r.cqSeq, spin, nil, d)
 }
 
 // ClientInterrupt wakes a ClientWait in this process (used at close).

@@ -117,7 +117,7 @@ func TestRingSPSCRegion(t *testing.T) {
 			recv++
 		}
 		if m == 0 {
-			c.ClientWait(20*time.Microsecond, 50*time.Millisecond)
+			c.ClientWait(20*time.Microsecond, 50*time.Millisecond, nil)
 		}
 	}
 	if err := wait(); err != nil {
@@ -211,7 +211,7 @@ func TestRingDoorbell(t *testing.T) {
 				d.DaemonPush([]CQE{{UserData: stamp}})
 			},
 			func() (uint64, bool) {
-				c.ClientWait(0, bound)
+				c.ClientWait(0, bound, nil)
 				n := c.ClientPop(buf)
 				return buf[0].UserData, n == 1
 			})

@@ -311,7 +311,7 @@ func TestRingWaitBoundedUnderHostilePeer(t *testing.T) {
 					t.Fatalf("DaemonWait took %v, bound %v", el, bound)
 				}
 				t0 = time.Now()
-				c.ClientWait(time.Millisecond, bound)
+				c.ClientWait(time.Millisecond, bound, nil)
 				if el := time.Since(t0); el > bound+time.Millisecond+slack {
 					t.Fatalf("ClientWait took %v, bound %v", el, bound)
 				}
@@ -336,37 +336,48 @@ func TestRingWaitReturnsWhenReady(t *testing.T) {
 	}
 }
 
-// TestRingWaitMore: a daemon wait returns when more reports work, whether
-// the work (and its DaemonInterrupt) came before the wait, during its spin
-// or during its sleep; with more, an interrupt is never slept through.
+// TestRingWaitMore: a wait returns when more reports work, whether the
+// work (and its interrupt) came before the wait, during its spin or during
+// its sleep; with more, an interrupt is never slept through. Both sides.
 func TestRingWaitMore(t *testing.T) {
-	_, d := heapRings(t, RingLayout{Entries: 8})
-	var work atomic.Bool
-	more := func() bool { return work.Load() }
-	work.Store(true)
-	t0 := time.Now()
-	d.DaemonWaitPaced(0, nil, 10*time.Second, more)
-	if el := time.Since(t0); el > time.Second {
-		t.Fatalf("wait with work already there took %v", el)
-	}
+	c, d := heapRings(t, RingLayout{Entries: 8})
 	var p Pacer
-	for i := range 2000 {
-		work.Store(false)
-		delay := time.Duration(i%50) * time.Microsecond
-		go func() {
-			if delay > 0 {
-				time.Sleep(delay)
-			}
+	for _, side := range []struct {
+		name      string
+		wait      func(spin time.Duration, more func() bool)
+		interrupt func()
+	}{
+		{"daemon", func(spin time.Duration, more func() bool) { d.DaemonWaitPaced(spin, &p, 10*time.Second, more) }, d.DaemonInterrupt},
+		{"client", func(spin time.Duration, more func() bool) { c.ClientWait(spin, 10*time.Second, more) }, c.ClientInterrupt},
+	} {
+		t.Run(side.name, func(t *testing.T) {
+			var work atomic.Bool
+			more := func() bool { return work.Load() }
 			work.Store(true)
-			d.DaemonInterrupt()
-		}()
-		t0 := time.Now()
-		for !work.Load() { // a wake-up of an earlier round may end a wait early
-			d.DaemonWaitPaced(time.Duration(i%3)*10*time.Microsecond, &p, 10*time.Second, more)
-			if el := time.Since(t0); el > 5*time.Second {
-				t.Fatalf("round %d (work after %v): the wait slept through it for %v", i, delay, el)
+			t0 := time.Now()
+			side.wait(0, more)
+			if el := time.Since(t0); el > time.Second {
+				t.Fatalf("wait with work already there took %v", el)
 			}
-		}
+			for i := range 2000 {
+				work.Store(false)
+				delay := time.Duration(i%50) * time.Microsecond
+				go func() {
+					if delay > 0 {
+						time.Sleep(delay)
+					}
+					work.Store(true)
+					side.interrupt()
+				}()
+				t0 := time.Now()
+				for !work.Load() { // a wake-up of an earlier round may end a wait early
+					side.wait(time.Duration(i%3)*10*time.Microsecond, more)
+					if el := time.Since(t0); el > 5*time.Second {
+						t.Fatalf("round %d (work after %v): the wait slept through it for %v", i, delay, el)
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -378,7 +389,7 @@ func TestRingInterrupt(t *testing.T) {
 		interrupt func()
 	}{
 		{"daemon", func() { d.DaemonWait(0, 10*time.Second) }, d.DaemonInterrupt},
-		{"client", func() { c.ClientWait(0, 10*time.Second) }, c.ClientInterrupt},
+		{"client", func() { c.ClientWait(0, 10*time.Second, nil) }, c.ClientInterrupt},
 	} {
 		done := make(chan time.Duration)
 		go func() {
