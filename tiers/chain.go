@@ -581,7 +581,7 @@ func (c *Chain) copyUp(run []*promotion) []error {
 	// Make room by demotion first: the host tier's own eviction would drop
 	// blocks that have no copy in NVMe yet. This runs on a mover goroutine,
 	// never on a ring loop.
-	c.makeRoom(total)
+	c.makeRoom(total, len(run))
 	var (
 		keys []nvme.Key
 		dsts [][]byte
@@ -700,7 +700,7 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 		// watermark to the low one (10% of the tier).
 		for float64(used) > low*float64(capacity) && ctx.Err() == nil {
 			c.demoteMu.Lock()
-			moved := c.demoteBatch(16)
+			moved := c.demoteBatch(demoteBatchBlocks)
 			c.demoteMu.Unlock()
 			if moved == 0 {
 				break
@@ -710,8 +710,16 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 	}
 }
 
-// makeRoom demotes until n more bytes fit under the high watermark.
-func (c *Chain) makeRoom(n int64) {
+// demoteBatchBlocks is the demoter's batch: the most blocks one pass
+// pins and hands its writers (runs of writeRun) at once.
+const demoteBatchBlocks = 16
+
+// makeRoom demotes until n more bytes, for blocks blocks, fit under the
+// high watermark. Each round demotes as many blocks as are coming in
+// (between 4 and demoteBatchBlocks): a run of promotions makes its room
+// with one batch of writes rather than one small batch per 4 blocks, and
+// a single block still waits for no more than 4 to go down.
+func (c *Chain) makeRoom(n int64, blocks int) {
 	// Where they fit already, the promotion goes ahead without the lock,
 	// instead of waiting for the demoter's batch in progress (the watermark
 	// is a target, not a limit: concurrent promotions may pass it by a few
@@ -721,7 +729,8 @@ func (c *Chain) makeRoom(n int64) {
 	}
 	c.demoteMu.Lock()
 	defer c.demoteMu.Unlock()
-	for !c.fits(n) && c.demoteBatch(4) > 0 {
+	batch := min(max(blocks, 4), demoteBatchBlocks)
+	for !c.fits(n) && c.demoteBatch(batch) > 0 {
 	}
 }
 

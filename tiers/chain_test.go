@@ -300,7 +300,7 @@ func TestChainPromoteOnAcquire(t *testing.T) {
 		t.Fatalf("after promotion: %d leased, %d blocks; want the block leased", hs.Leased, hs.Blocks)
 	}
 	// Leased: never demoted, even when the mover is told to make room.
-	r.c.makeRoom(8 << 20)
+	r.c.makeRoom(8<<20, 1)
 	if !r.h.Contains(k) {
 		t.Fatal("leased block left the host tier")
 	}
@@ -791,6 +791,44 @@ func TestPromotionReadsBatched(t *testing.T) {
 	}
 	if reads := r.store.Stats().SegmentReads - reads0; reads*4 > uint64(len(keys)) {
 		t.Fatalf("%d blocks promoted with %d segment reads, want at most a quarter as many", len(keys), reads)
+	}
+}
+
+// TestPromotionRunMakesRoomInOneBatch: a run of promotions into a host
+// tier at its high watermark makes its room with one demotion batch (one
+// write per writer), not one small batch per 4 blocks.
+func TestPromotionRunMakesRoomInOneBatch(t *testing.T) {
+	const bs = 64 << 10
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true,
+		cfg: ChainConfig{HighWatermark: 0.75, LowWatermark: 0.5, PromoteWorkers: 1, PromoteQueue: 64}})
+	for i := range 96 { // 96 of 128 slots: at the high watermark, so the demoter idles
+		r.putHost(t, chainKey(17, uint64(i)), bs)
+	}
+	keys := make([]Key, 16) // 1 MiB: one promotion run
+	nks := make([]nvme.Key, len(keys))
+	blocks := make([][]byte, len(keys))
+	for i := range keys {
+		keys[i] = chainKey(18, uint64(i))
+		nks[i], blocks[i] = nk(keys[i]), blockFor(keys[i], bs)
+	}
+	if err := r.store.PutBatch(nks, blocks); err != nil {
+		t.Fatal(err)
+	}
+	writes0 := r.store.Stats().SegmentWrites
+	tiers := make([]shm.Tier, len(keys))
+	if hits, _ := r.c.Lookup(keys, tiers); hits != len(keys) {
+		t.Fatalf("lookup found %d of %d", hits, len(keys))
+	}
+	r.start()
+	eventually(t, 10*time.Second, "run not promoted", func() bool { return r.c.Stats().Promoted == uint64(len(keys)) })
+	for _, k := range keys {
+		r.checkHostBytes(t, k, bs)
+	}
+	st := r.c.Stats()
+	writes := r.store.Stats().SegmentWrites - writes0
+	if st.Demoted < uint64(len(keys)) || writes > uint64(demoteWriters()) {
+		t.Fatalf("%d blocks demoted to make room in %d segment writes; want at least %d in at most %d (one per writer)",
+			st.Demoted, writes, len(keys), demoteWriters())
 	}
 }
 
