@@ -340,7 +340,7 @@ func (s *session) loop() error {
 			// its next entry may be a poll away: catching it here saves
 			// the client a doorbell and us a sleep, and teaches the pacer
 			// whether the session is hot.
-			if s.spin > 0 && !s.granted && s.ring.DaemonPollQuick(&s.pacer, s.woken) {
+			if s.spin > 0 && !s.granted && s.ring.DaemonPollQuick(&s.pacer) {
 				continue
 			}
 			// Spinning sessions are capped to half the CPUs so that many

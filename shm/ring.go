@@ -269,12 +269,11 @@ func (r *Ring) DaemonWaitPaced(spin time.Duration, p *Pacer, d time.Duration, mo
 	waitOn(r.daemonReady(more), r.sqSleep, r.sqSeq, spin, p, d)
 }
 
-// DaemonPollQuick polls the submission ring (and more, as in
-// DaemonWaitPaced) briefly (see Pacer.Hot) and reports whether entries
-// arrived; p learns from the outcome.
-func (r *Ring) DaemonPollQuick(p *Pacer, more func() bool) bool {
-	return p.pollQuick(r.daemonReady(more))
-}
+// DaemonPollQuick polls the submission ring briefly (see Pacer.Hot) and
+// reports whether entries arrived; p learns from the outcome, which is
+// about the client alone (a wait that follows checks the daemon's own
+// work first).
+func (r *Ring) DaemonPollQuick(p *Pacer) bool { return p.pollQuick(r.DaemonPending) }
 
 func (r *Ring) daemonReady(more func() bool) func() bool {
 	if more == nil {
@@ -283,7 +282,8 @@ func (r *Ring) daemonReady(more func() bool) func() bool {
 	return func() bool { return r.DaemonPending() || more() }
 }
 
-// DaemonInterrupt wakes a DaemonWait (used to stop a session).
+// DaemonInterrupt wakes a DaemonWait (used to stop a session and to hand
+// the ring loop a completion).
 func (r *Ring) DaemonInterrupt() {
 	r.sqSeq.Add(1)
 	futexWakeAll(r.sqSeq)
