@@ -762,7 +762,7 @@ func (c *Chain) demoteBatch(n int) int {
 		if time.Now().UnixNano() < c.diskFullUntil.Load() {
 			ok = make([]bool, len(run))
 		} else {
-			ok = c.writeDown(run)
+			ok, _ = c.writeDown(run)
 		}
 		for i, hd := range run {
 			if !ok[i] {
@@ -820,9 +820,10 @@ func eachWriter(hs []*Handle, write func(run []*Handle)) {
 }
 
 // writeDown makes sure NVMe holds a copy of each pinned block of run, with
-// one batched store call for those it lacks, and reports which do.
-func (c *Chain) writeDown(run []*Handle) []bool {
-	ok := make([]bool, len(run))
+// one batched store call for those it lacks, and reports which do and how
+// many it wrote.
+func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
+	ok = make([]bool, len(run))
 	var keys []nvme.Key
 	var blocks [][]byte
 	var idx []int
@@ -834,7 +835,7 @@ func (c *Chain) writeDown(run []*Handle) []bool {
 		keys, blocks, idx = append(keys, nk(hd.Key)), append(blocks, c.Host.Bytes(hd)), append(idx, i)
 	}
 	if len(keys) == 0 {
-		return ok
+		return ok, 0
 	}
 	t0 := time.Now()
 	if c.ioHook != nil {
@@ -850,7 +851,7 @@ func (c *Chain) writeDown(run []*Handle) []bool {
 			c.diskFullUntil.Store(time.Now().Add(time.Second).UnixNano())
 		}
 		c.log.Warn("demotion to nvme failed", "blocks", len(keys), "first", run[idx[0]].Key.Hash, "err", err)
-		return ok
+		return ok, 0
 	}
 	dt := time.Since(t0)
 	for _, i := range idx {
@@ -860,7 +861,7 @@ func (c *Chain) writeDown(run []*Handle) []bool {
 			c.cfg.ObserveSwapOut(dt) // each block of the batch waited for all of it
 		}
 	}
-	return ok
+	return ok, len(keys)
 }
 
 // Flush writes every host block that has no copy in NVMe down to NVMe (the
@@ -875,17 +876,8 @@ func (c *Chain) Flush(ctx context.Context) (int, error) {
 		if ctx.Err() != nil {
 			cut.Store(true) // the rest stays unwritten
 		} else {
-			var dirty []*Handle
-			for _, hd := range run {
-				if !c.inNVMe(hd.Key) {
-					dirty = append(dirty, hd)
-				}
-			}
-			for _, ok := range c.writeDown(dirty) {
-				if ok {
-					n.Add(1)
-				}
-			}
+			_, wrote := c.writeDown(run)
+			n.Add(int64(wrote))
 		}
 		for _, hd := range run {
 			c.Host.Unpin(hd, false)
@@ -958,7 +950,8 @@ func (c *Chain) parkLoop(ctx context.Context) {
 				c.Host.Unpin(hd, false) // resumed or released meanwhile
 			}
 		}
-		for i, ok := range c.writeDown(live) {
+		written, _ := c.writeDown(live)
+		for i, ok := range written {
 			hd := live[i]
 			if !ok {
 				c.parkErrors.Add(1)

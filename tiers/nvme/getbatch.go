@@ -136,15 +136,16 @@ func (s *Store) getBatch(keys []Key, dsts [][]byte, ns []int, errs []error) (slo
 func (s *Store) readSegment(rs []pendingRead, dsts [][]byte, ns []int, slow []int) []int {
 	ss := s.segs
 	sg := ss.get(rs[0].rec.seg)
-	if sg == nil {
+	if sg != nil {
+		sg.mu.RLock()
+		defer sg.mu.RUnlock()
+	}
+	if sg == nil || sg.closed { // removed by compaction: Get looks the records up again
 		for _, r := range rs {
 			slow = append(slow, r.i)
 		}
 		return slow
 	}
-	sg.mu.RLock()
-	defer sg.mu.RUnlock()
-	size := sg.size.Load()
 	var run []pendingRead
 	var bufs [][]byte
 	var runBytes int64
@@ -175,8 +176,7 @@ func (s *Store) readSegment(rs []pendingRead, dsts [][]byte, ns []int, slow []in
 		// The batched path takes only records that fill their on-disk
 		// length (no padding to skip), lie within the segment as written,
 		// and, on a direct file, land in a buffer direct I/O can use.
-		if sg.closed || n == 0 || n != ss.recLen(n) || off < 0 || off > size-n ||
-			(sg.direct && !ss.aligned(dsts[r.i])) {
+		if n == 0 || n != ss.recLen(n) || !ss.within(sg, off, n) || (sg.direct && !ss.aligned(dsts[r.i])) {
 			flush()
 			slow = append(slow, r.i)
 			continue

@@ -336,10 +336,16 @@ func (ss *segStore) check(seg uint32, off, n int64) error {
 	if sg == nil {
 		return errSegmentGone
 	}
-	if size := sg.size.Load(); off < 0 || n < 0 || off > size-ss.recLen(n) {
-		return fmt.Errorf("record of %d bytes at offset %d runs past the end of segment %d (%d bytes)", n, off, seg, size)
+	if !ss.within(sg, off, n) {
+		return fmt.Errorf("record of %d bytes at offset %d runs past the end of segment %d (%d bytes)", n, off, seg, sg.size.Load())
 	}
 	return nil
+}
+
+// within reports whether a record of n bytes at off lies within sg as
+// written so far.
+func (ss *segStore) within(sg *segment, off, n int64) bool {
+	return off >= 0 && n >= 0 && off <= sg.size.Load()-ss.recLen(n)
 }
 
 // read reads the n-byte payload at (seg, off) into dst[:n]: directly when
