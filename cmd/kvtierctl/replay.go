@@ -654,7 +654,7 @@ func (w *replayWorker) request(ctx context.Context, seed uint64, r *trace.Reques
 		}
 		w.samples[rGet] = append(w.samples[rGet], int64(el))
 		kind := rGetHost
-		if slices.Contains(lr.Tiers[:lr.Hits], client.TierNVMe) {
+		if slices.Contains(lr.Tiers, client.TierNVMe) {
 			kind = rGetNVMe
 		}
 		w.samples[kind] = append(w.samples[kind], int64(el))
