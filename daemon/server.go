@@ -50,6 +50,9 @@ type Daemon struct {
 	// sleepBound caps a ring loop's futex sleep (the const sleepBound;
 	// tests raise it before Run).
 	sleepBound time.Duration
+	// deferredWait: how long a closing session waits for its promotions
+	// (the const deferredWait; tests shorten it before Run).
+	deferredWait time.Duration
 	reg        *Registry
 	ln         *net.UnixListener
 
@@ -84,7 +87,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound,
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
 	d.procs.init()
 	if cfg.Metrics.Listen != "" {
@@ -128,12 +131,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	} else {
 		log.Info("nvme tier disabled by configuration")
 	}
-	d.chain, err = tiers.NewChain(d.host, d.nvme, tiers.ChainConfig{
-		HighWatermark: cfg.Host.HighWatermark, LowWatermark: cfg.Host.LowWatermark, Logger: log,
-		ParkTTL:       time.Duration(cfg.NVMe.ParkTTLSeconds) * time.Second,
-		Policy:        cfg.Host.Policy,
-		ObserveSwapIn: d.metrics.swapInHook(), ObserveSwapOut: d.metrics.swapOutHook(),
-	})
+	d.chain, err = tiers.NewChain(d.host, d.nvme, d.chainConfig())
 	if err != nil {
 		return nil, fmt.Errorf("tier chain: %w", err)
 	}
@@ -151,6 +149,16 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.listenMetrics()
 	ok = true
 	return d, nil
+}
+
+// chainConfig is the tier chain's configuration from the daemon's.
+func (d *Daemon) chainConfig() tiers.ChainConfig {
+	return tiers.ChainConfig{
+		HighWatermark: d.cfg.Host.HighWatermark, LowWatermark: d.cfg.Host.LowWatermark, Logger: d.log,
+		ParkTTL:       time.Duration(d.cfg.NVMe.ParkTTLSeconds) * time.Second,
+		Policy:        d.cfg.Host.Policy,
+		ObserveSwapIn: d.metrics.swapInHook(), ObserveSwapOut: d.metrics.swapOutHook(),
+	}
 }
 
 // openNVMe opens the NVMe tier in <state>/nvme, sized from the disk when

@@ -50,6 +50,11 @@ type session struct {
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
+	// ringMu guards unmapped: a promotion's completion (a mover goroutine)
+	// may land after the session gave up waiting for it and unmapped the
+	// ring region, whose doorbell it would write.
+	ringMu   sync.RWMutex
+	unmapped bool
 	// badControl: readControl closed the session for a malformed control
 	// message (counted as hostile, like a ring protocol violation).
 	badControl atomic.Bool
@@ -185,7 +190,16 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 
 func (s *session) stop() {
 	s.stopOnce.Do(func() { close(s.stopCh) })
-	s.ring.DaemonInterrupt()
+	s.interrupt()
+}
+
+// interrupt wakes the ring loop, unless the ring region is unmapped.
+func (s *session) interrupt() {
+	s.ringMu.RLock()
+	if !s.unmapped {
+		s.ring.DaemonInterrupt()
+	}
+	s.ringMu.RUnlock()
 }
 
 func (s *session) stopped() bool {
@@ -248,6 +262,9 @@ func (s *session) run() {
 	s.d.procs.resize(len(s.d.sessions))
 	s.d.mu.Unlock()
 	s.d.unwatchClient(s)
+	s.ringMu.Lock()
+	s.unmapped = true
+	s.ringMu.Unlock()
 	s.region.Close()
 }
 
@@ -272,7 +289,7 @@ func (s *session) readControl() {
 // teardown aborts open reservations and drops held leases, so a dead
 // client's slots return to the arena immediately.
 func (s *session) teardown() {
-	deadline := time.After(deferredWait)
+	deadline := time.After(s.d.deferredWait)
 	for s.outstanding > 0 {
 		select {
 		case d := <-s.deferred:
@@ -508,7 +525,7 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		ud := e.UserData
 		done := func(hd *tiers.Handle, err error) {
 			s.deferred <- deferredCQE{userData: ud, hd: hd, err: err}
-			s.ring.DaemonInterrupt()
+			s.interrupt()
 		}
 		var h *tiers.Handle
 		var ok bool

@@ -3,8 +3,13 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // TestPromotionWakesSleepingLoop: a get of a block that is only in NVMe
@@ -27,19 +32,8 @@ func TestPromotionWakesSleepingLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	const blocks = 384          // 24 MiB: the first ones go down to NVMe
-	hs := testBlocks(5, blocks) // a chain: the policy keeps only blocks whose parent it saw
-	for i, h := range hs {
-		if _, err := s.Put(ctx, h, block(h, s.BlockBytes())); err != nil {
-			t.Fatalf("put %d: %v", i, err)
-		}
-		// Let the mover demote rather than the host tier drop blocks.
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			if ht := r.d.Stats().Tiers[0]; float64(ht.UsedBytes) <= 0.95*float64(ht.CapacityBytes) {
-				break
-			}
-		}
-	}
+	const blocks = 384 // 24 MiB: the first ones go down to NVMe
+	hs := putPastHost(t, r, s, blocks)
 	// No lookup first: it would prefetch the blocks, and the gets below
 	// must each wait for a promotion of their own.
 	before := r.d.chain.Stats().Promoted
@@ -62,5 +56,119 @@ func TestPromotionWakesSleepingLoop(t *testing.T) {
 	t.Logf("%d gets, %d promotions, slowest %v", blocks/2, promoted, slowest)
 	if promoted < blocks/4 {
 		t.Fatalf("only %d of %d gets needed a promotion: the test did not exercise the wait", promoted, blocks/2)
+	}
+}
+
+// putPastHost puts a chain of n blocks through s, letting the mover demote
+// rather than the host tier drop them, and returns their hashes.
+func putPastHost(t *testing.T, r *running, s *client.Session, n int) []client.Hash {
+	t.Helper()
+	hs := testBlocks(5, n) // a chain: the policy keeps only blocks whose parent it saw
+	for i, h := range hs {
+		if _, err := s.Put(context.Background(), h, block(h, s.BlockBytes())); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if ht := r.d.Stats().Tiers[0]; float64(ht.UsedBytes) <= 0.95*float64(ht.CapacityBytes) {
+				break
+			}
+		}
+	}
+	return hs
+}
+
+// TestLatePromotionAfterSessionClosed: a get waits for a promotion from a
+// stalled disk, and its client dies. The session waits deferredWait for
+// the promotion, gives up and unmaps its ring region; when the disk
+// answers, the promotion's completion must neither write the unmapped
+// ring's doorbell (before the fix: SIGSEGV, the whole daemon down) nor
+// leak the lease it carries.
+func TestLatePromotionAfterSessionClosed(t *testing.T) {
+	cfg := testConfig(t) // 8 MiB host tier
+	cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 256*MiB
+	var armed atomic.Bool
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	r := startDaemonWith(t, cfg, nil, func(d *Daemon) {
+		d.deferredWait = 100 * time.Millisecond
+		// The daemon's chain, with a swap-in observer (it runs on the
+		// promotion worker before the waiters are called) that stalls
+		// once armed: a disk that does not answer.
+		cc := d.chainConfig()
+		cc.ObserveSwapIn = func(time.Duration) {
+			if armed.Load() {
+				select {
+				case entered <- struct{}{}:
+				default:
+				}
+				<-gate
+			}
+		}
+		ch, err := tiers.NewChain(d.host, d.nvme, cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.chain = ch
+	})
+	ctx := context.Background()
+	s, err := dialDaemon(t, cfg).Open(ctx, testNamespace(64*KiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := putPastHost(t, r, s, 384)
+	k := tiers.Key{NS: s.NamespaceID(), Hash: hs[0]}
+	if !r.d.nvme.Contains(nvme.Key{NS: k.NS, Hash: k.Hash}) || r.d.host.Contains(k) {
+		t.Fatal("block 0 is not in NVMe only")
+	}
+	r.d.mu.Lock()
+	if len(r.d.sessions) != 1 {
+		t.Fatalf("%d sessions, want 1", len(r.d.sessions))
+	}
+	var ss *session
+	for _, ss = range r.d.sessions {
+	}
+	r.d.mu.Unlock()
+
+	armed.Store(true)
+	got := make(chan error, 1)
+	go func() { got <- s.Get(ctx, hs[0], make([]byte, s.BlockBytes())) }()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the promotion did not start")
+	}
+	ss.stop() // the client died (clientExited's way)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		ss.ringMu.RLock()
+		gone := ss.unmapped
+		ss.ringMu.RUnlock()
+		if gone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the session did not close")
+		}
+	}
+	if err := <-got; err == nil {
+		t.Fatal("a get of a closed session succeeded")
+	}
+	close(gate) // the disk answers: the completion finds the ring unmapped
+	for deadline := time.Now().Add(5 * time.Second); r.d.host.Stats().Leased != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d leases still held after the late promotion", r.d.host.Stats().Leased)
+		}
+	}
+	// The daemon still serves: a new session reads a block back.
+	s2, err := dialDaemon(t, cfg).Open(ctx, testNamespace(64*KiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	h := testBlocks(6, 1)[0]
+	if _, err := s2.Put(ctx, h, block(h, s2.BlockBytes())); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, s2.BlockBytes())
+	if err := s2.Get(ctx, h, dst); err != nil || !bytes.Equal(dst, block(h, len(dst))) {
+		t.Fatalf("get after the late promotion: %v", err)
 	}
 }
