@@ -592,7 +592,7 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 		err := w.request(rctx, seed, r)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("request %d (line %d): %w", ri, ri+1, err)
+			return fmt.Errorf("request %d (line %d): %w", ri, r.Line, err)
 		}
 		done.Add(1)
 	}

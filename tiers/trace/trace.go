@@ -42,6 +42,9 @@ type Request struct {
 	InputLength  int     `json:"input_length"`  // prompt tokens
 	OutputLength int     `json:"output_length"` // generated tokens
 	HashIDs      []int64 `json:"hash_ids"`      // prefix-chained block ids of the prompt
+	// Line is the request's 1-based line in the input Reader read it
+	// from (blank lines count); 0 for a request not read by a Reader.
+	Line int `json:"-"`
 }
 
 // ErrEmptyLine is returned by DecodeLine for a line holding only white space.
@@ -172,6 +175,7 @@ func (r *Reader) Next() (Request, error) {
 		if derr != nil {
 			return Request{}, &LineError{r.line, derr}
 		}
+		req.Line = r.line
 		return req, nil
 	}
 }

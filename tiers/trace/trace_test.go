@@ -15,7 +15,7 @@ func TestDecodeLine(t *testing.T) {
 		want Request
 		err  string
 	}{
-		{`{"timestamp": 5, "input_length": 1024, "output_length": 3, "hash_ids": [0, 1]}`, Request{5, 1024, 3, []int64{0, 1}}, ""},
+		{`{"timestamp": 5, "input_length": 1024, "output_length": 3, "hash_ids": [0, 1]}`, Request{Timestamp: 5, InputLength: 1024, OutputLength: 3, HashIDs: []int64{0, 1}}, ""},
 		{`{"timestamp": 5.7, "hash_ids": [], "extra": {"x": 1}}`, Request{Timestamp: 5, HashIDs: []int64{}}, ""},
 		{`   `, Request{}, "empty line"},
 		{`{"hash_ids": [1]}`, Request{}, "missing \"timestamp\""},
@@ -45,9 +45,13 @@ func TestDecodeLine(t *testing.T) {
 func TestReaderLineNumbers(t *testing.T) {
 	in := "{\"timestamp\":0,\"hash_ids\":[1]}\n\n{\"timestamp\":1,\"hash_ids\":[1,2]}\n{oops}\n"
 	r := NewReader(strings.NewReader(in))
-	for range 2 {
-		if _, err := r.Next(); err != nil {
+	for _, line := range []int{1, 3} { // the blank line 2 is skipped, but counted
+		req, err := r.Next()
+		if err != nil {
 			t.Fatal(err)
+		}
+		if req.Line != line {
+			t.Fatalf("request at line %d says line %d", line, req.Line)
 		}
 	}
 	_, err := r.Next()
@@ -94,6 +98,12 @@ func TestWriteReadRoundTrip(t *testing.T) {
 		back, err := ReadAll(&buf)
 		if err != nil {
 			t.Fatal(err)
+		}
+		for i := range back {
+			if back[i].Line != i+1 {
+				t.Fatalf("request %d read from line %d", i, back[i].Line)
+			}
+			back[i].Line = 0 // not written
 		}
 		if !reflect.DeepEqual(back, reqs) {
 			t.Fatal("round trip changed the trace")
