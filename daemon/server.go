@@ -53,8 +53,8 @@ type Daemon struct {
 	// deferredWait: how long a closing session waits for its promotions
 	// (the const deferredWait; tests shorten it before Run).
 	deferredWait time.Duration
-	reg        *Registry
-	ln         *net.UnixListener
+	reg          *Registry
+	ln           *net.UnixListener
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
