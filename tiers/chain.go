@@ -64,7 +64,8 @@ type Chain struct {
 	promoCh chan *promotion
 	kick    chan struct{}
 	// ioHook, if set (tests only, before Start), runs before every NVMe
-	// read ("get") and write ("put") of the mover, to simulate a slow disk.
+	// read ("get") and write ("put") of the mover, to simulate a slow disk,
+	// and after a promotion's read, before its commit ("read").
 	ioHook func(op string, k Key)
 	// promoteRun is promoteRunBytes, or what a benchmark sets before
 	// Start to measure one block per read in the same run.
@@ -77,6 +78,13 @@ type Chain struct {
 
 	mu       sync.Mutex
 	inflight map[Key]*promotion
+	// stopped (mu): Wait ran; promotions fail at once and parked blocks
+	// are not queued. stopCh, closed by Wait, releases the goroutines that
+	// hand a promotion or a parked block to a full queue (handoffs).
+	stopped  bool
+	stopCh   chan struct{}
+	stopOnce sync.Once
+	handoffs sync.WaitGroup
 	// parked maps the blocks of parked requests to their expiry; parkCh
 	// carries freshly parked (pinned) blocks to the write-through goroutine.
 	parkMu sync.Mutex
@@ -124,6 +132,9 @@ type promotion struct {
 	key     Key
 	size    int64
 	waiters []func(*Handle, error)
+	// deleted (Chain.mu): the block was deleted while being promoted; the
+	// copy read before the delete must not be committed.
+	deleted bool
 }
 
 type polOp uint8
@@ -187,6 +198,7 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 	c := &Chain{
 		Host: host, NVMe: store, cfg: cfg, log: cfg.Logger,
 		promoCh:  make(chan *promotion, cfg.PromoteQueue),
+		stopCh:   make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 		inflight: map[Key]*promotion{},
 		parked:   map[Key]time.Time{},
@@ -276,6 +288,22 @@ func (c *Chain) apply(ev polEvent) {
 			delete(c.polKeys, ev.k)
 		}
 		delete(c.unadmittedSet, ev.k) // its queue entry is skipped later
+		if n := len(c.unadmitted); n > 64 && n > 2*len(c.unadmittedSet) {
+			// Mostly stale entries: only a demotion pass pops the queue,
+			// so below the high watermark it would grow with every
+			// refused put that is deleted.
+			live := c.unadmitted[:0]
+			seen := make(map[policy.Key]struct{}, len(c.unadmittedSet))
+			for _, k := range c.unadmitted {
+				_, in := c.unadmittedSet[k]
+				if _, dup := seen[k]; in && !dup {
+					seen[k] = struct{}{}
+					live = append(live, k)
+				}
+			}
+			clear(c.unadmitted[len(live):])
+			c.unadmitted = live
+		}
 	case polLookup:
 		for i, k := range ev.chain {
 			if _, ok := c.polKeys[k]; !ok {
@@ -388,6 +416,11 @@ func (c *Chain) Start(ctx context.Context) {
 // stay in the host tier (Flush writes them).
 func (c *Chain) Wait() {
 	c.wg.Wait()
+	c.mu.Lock()
+	c.stopped = true // no new promotion or handoff from here on
+	c.mu.Unlock()
+	c.stopOnce.Do(func() { close(c.stopCh) })
+	c.handoffs.Wait() // each has queued its item or given it up
 	for drained := false; !drained; {
 		select {
 		case hd := <-c.parkCh:
@@ -396,10 +429,18 @@ func (c *Chain) Wait() {
 			drained = true
 		}
 	}
+	c.mu.Lock()
+	left := make([]*promotion, 0, len(c.inflight))
+	for _, p := range c.inflight {
+		left = append(left, p)
+	}
+	c.mu.Unlock()
+	for _, p := range left { // queued, or given up by its handoff
+		c.finish(p, ErrPromote)
+	}
 	for {
 		select {
-		case p := <-c.promoCh:
-			c.finish(p, ErrPromote)
+		case <-c.promoCh: // finished above
 		default:
 			return
 		}
@@ -494,7 +535,7 @@ func (c *Chain) Acquire(k Key, size int64, done func(*Handle, error)) (*Handle, 
 func (c *Chain) prefetch(k Key) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.inflight[k] != nil {
+	if c.stopped || c.inflight[k] != nil {
 		return
 	}
 	p := &promotion{key: k}
@@ -514,6 +555,13 @@ func (c *Chain) prefetch(k Key) {
 
 func (c *Chain) promote(k Key, size int64, done func(*Handle, error)) {
 	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		if done != nil {
+			go done(nil, fmt.Errorf("%w: the chain is stopped", ErrPromote))
+		}
+		return
+	}
 	if p := c.inflight[k]; p != nil {
 		p.waiters = append(p.waiters, done)
 		c.mu.Unlock()
@@ -521,14 +569,21 @@ func (c *Chain) promote(k Key, size int64, done func(*Handle, error)) {
 	}
 	p := &promotion{key: k, size: size, waiters: []func(*Handle, error){done}}
 	c.inflight[k] = p
-	c.mu.Unlock()
 	select {
 	case c.promoCh <- p:
 	default:
 		// A demand promotion is never dropped; the sender is bounded by the
-		// session's ring size.
-		go func() { c.promoCh <- p }()
+		// session's ring size. Wait fails it if it is still not queued.
+		c.handoffs.Add(1)
+		go func() {
+			defer c.handoffs.Done()
+			select {
+			case c.promoCh <- p:
+			case <-c.stopCh:
+			}
+		}()
 	}
+	c.mu.Unlock()
 }
 
 // promoteRunBytes bounds the blocks one promotion worker brings up at
@@ -560,9 +615,12 @@ func (c *Chain) promoteLoop(ctx context.Context) {
 					break more
 				}
 			}
-			errs := c.copyUp(run)
+			errs, held := c.copyUp(run)
 			for i, p := range run {
 				c.finish(p, errs[i])
+				if held[i] != nil {
+					c.Host.Unpin(held[i], false)
+				}
 			}
 			clear(run) // let the promotions go
 		}
@@ -571,9 +629,9 @@ func (c *Chain) promoteLoop(ctx context.Context) {
 
 // copyUp brings a run of blocks from NVMe into host slots, with one batched
 // read, and returns the outcome of each.
-func (c *Chain) copyUp(run []*promotion) []error {
+func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 	t0 := time.Now()
-	errs := make([]error, len(run))
+	errs, held = make([]error, len(run)), make([]*Handle, len(run))
 	var total int64
 	for _, p := range run {
 		total += p.size
@@ -604,7 +662,7 @@ func (c *Chain) copyUp(run []*promotion) []error {
 		keys, dsts, hds, idx = append(keys, nk(p.key)), append(dsts, c.Host.Bytes(hd)), append(hds, hd), append(idx, i)
 	}
 	if len(keys) == 0 {
-		return errs
+		return errs, held
 	}
 	ns, rerrs := c.NVMe.GetBatch(keys, dsts)
 	dt := time.Since(t0) // each block of the run waited for all of it
@@ -622,10 +680,26 @@ func (c *Chain) copyUp(run []*promotion) []error {
 			errs[i] = fmt.Errorf("%w: read %s: %v (%d bytes)", ErrPromote, p.key.Hash, err, ns[j])
 			continue
 		}
-		if err := c.Host.Commit(hd); err != nil {
+		if c.ioHook != nil {
+			c.ioHook("read", p.key)
+		}
+		// Commit under mu: a Delete marks the promotion before it deletes,
+		// so either it finds the block committed or the mark is seen here.
+		c.mu.Lock()
+		if p.deleted {
+			c.mu.Unlock()
+			c.Host.Abort(hd)
+			c.promoteLost.Add(1)
+			errs[i] = fmt.Errorf("%w: %s was deleted while it was read", ErrPromote, p.key.Hash)
+			continue
+		}
+		err := c.Host.CommitPinned(hd)
+		c.mu.Unlock()
+		if err != nil {
 			errs[i] = fmt.Errorf("%w: %v", ErrPromote, err)
 			continue
 		}
+		held[i] = hd // pinned until finish has leased it to every waiter
 		c.Inserted(p.key, policy.AccessInfo{})
 		c.promoted.Add(1)
 		c.promotedBytes.Add(uint64(p.size))
@@ -635,14 +709,17 @@ func (c *Chain) copyUp(run []*promotion) []error {
 		}
 	}
 	c.kickDemoter()
-	return errs
+	return errs, held
 }
 
 // finish hands the promoted block to every waiter as a lease.
 func (c *Chain) finish(p *promotion, err error) {
 	c.mu.Lock()
-	delete(c.inflight, p.key)
+	if c.inflight[p.key] == p {
+		delete(c.inflight, p.key)
+	}
 	ws := p.waiters
+	p.waiters = nil // each waiter is called once, even if p is finished twice
 	c.mu.Unlock()
 	for _, w := range ws {
 		if w == nil {
@@ -754,6 +831,8 @@ func (c *Chain) demoteBatch(n int) int {
 		if dropped, _ := c.Host.Unpin(hd, true); dropped {
 			moved++
 			c.refusedDrops.Add(1)
+		} else if c.Host.Contains(hd.Key) {
+			c.Inserted(hd.Key, policy.AccessInfo{}) // leased meanwhile: ask again
 		}
 	}
 	var demoted atomic.Int64
@@ -774,6 +853,9 @@ func (c *Chain) demoteBatch(n int) int {
 				demoted.Add(1)
 				c.demoted.Add(1)
 				c.demotedBytes.Add(uint64(hd.Size))
+			} else if c.Host.Contains(hd.Key) {
+				// Leased meanwhile: it stays, so the policy must track it again.
+				c.Inserted(hd.Key, policy.AccessInfo{})
 			}
 		}
 	})
@@ -855,6 +937,11 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
 	}
 	dt := time.Since(t0)
 	for _, i := range idx {
+		if c.Host.Deleted(run[i]) {
+			// Deleted while we wrote it: Chain.Delete found no copy below
+			// to remove, so this one would outlive the delete.
+			c.NVMe.Delete(nk(run[i].Key))
+		}
 		ok[i] = true
 		c.swapOutNanos.Add(uint64(dt))
 		if c.cfg.ObserveSwapOut != nil {
@@ -900,6 +987,11 @@ func (c *Chain) Park(k Key) {
 	if c.NVMe == nil {
 		return
 	}
+	c.mu.Lock() // against Wait: a queued block is written or unpinned
+	defer c.mu.Unlock()
+	if c.stopped {
+		return // it stays in the host tier, which Flush writes down
+	}
 	hd, ok := c.Host.Pin(k)
 	if !ok {
 		return
@@ -907,7 +999,15 @@ func (c *Chain) Park(k Key) {
 	select {
 	case c.parkCh <- hd:
 	default:
-		go func() { c.parkCh <- hd }() // bounded by the sessions' rings
+		c.handoffs.Add(1) // bounded by the sessions' rings
+		go func() {
+			defer c.handoffs.Done()
+			select {
+			case c.parkCh <- hd:
+			case <-c.stopCh:
+				c.Host.Unpin(hd, false)
+			}
+		}()
 	}
 }
 
@@ -1014,6 +1114,11 @@ func (c *Chain) Delete(k Key) bool {
 		delete(c.parked, k)
 		c.parkMu.Unlock()
 	}
+	c.mu.Lock()
+	if p := c.inflight[k]; p != nil {
+		p.deleted = true // its read may predate the delete below
+	}
+	c.mu.Unlock()
 	found := c.Host.Delete(k)
 	if c.inNVMe(k) {
 		c.NVMe.Delete(nk(k))
@@ -1034,6 +1139,13 @@ func (c *Chain) DeleteNS(ns uint32) int {
 		}
 		c.parkMu.Unlock()
 	}
+	c.mu.Lock()
+	for k, p := range c.inflight {
+		if k.NS == ns {
+			p.deleted = true
+		}
+	}
+	c.mu.Unlock()
 	n := c.Host.DeleteNS(ns)
 	if c.NVMe != nil {
 		m, _ := c.NVMe.DeleteNS(ns)

@@ -1,0 +1,345 @@
+// Races between the mover and deletes, leases and shutdown.
+
+package tiers
+
+import (
+	"bytes"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/tiers/policy"
+)
+
+// TestDeleteWhileWrittenDownThenReput: a block deleted (Chain.Delete) while the
+// demoter has it pinned and is writing it down must not come back in NVMe;
+// and a block re-put under the same key after the delete must not be
+// shadowed by the old bytes once it is demoted.
+func TestDeleteWhileWrittenDownThenReput(t *testing.T) {
+	const bs = 256 << 10
+	victim := chainKey(40, 0)
+	var once sync.Once
+	var deleted atomic.Bool
+	var r *chainRig
+	newBytes := bytes.Repeat([]byte{0xBB}, bs)
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		cfg: ChainConfig{HighWatermark: 0.5, LowWatermark: 0.25, Policy: "lru"},
+		hook: func(op string, k Key) {
+			if op != "put" || k != victim {
+				return
+			}
+			once.Do(func() {
+				// A session deletes the block while the demoter writes it...
+				deleted.Store(r.c.Delete(victim))
+				// ...and puts new bytes under the same key.
+				hd, err := r.c.Reserve(victim, bs)
+				if err != nil {
+					t.Errorf("re-put after delete: %v", err)
+					return
+				}
+				copy(r.h.Bytes(hd), newBytes)
+				if err := r.h.Commit(hd); err != nil {
+					t.Error(err)
+				}
+				r.c.Inserted(victim, policy.AccessInfo{})
+			})
+		}})
+	for i := range 10 { // 10 of 16 slots: above high (8)
+		r.putHost(t, chainKey(40, uint64(i)), bs)
+	}
+	r.start()
+	eventually(t, 10*time.Second, "pass did not finish", func() bool {
+		used, c := r.h.Usage()
+		return r.c.Stats().Demoted > 0 && used <= c/4
+	})
+	time.Sleep(300 * time.Millisecond) // let the pass finish
+	if !deleted.Load() {
+		t.Fatal("Delete found nothing")
+	}
+	// The host holds the new bytes; NVMe must not hold the deleted ones.
+	if r.store.Contains(nk(victim)) {
+		dst := make([]byte, bs)
+		r.store.Get(nk(victim), dst)
+		t.Errorf("after Delete + re-put, NVMe holds a copy (old bytes: %v) that the chain treats as a clean copy of the host block",
+			bytes.Equal(dst, blockFor(victim, bs)))
+	}
+	// Demote everything: the reader must get the new bytes.
+	r.c.demoteMu.Lock()
+	for r.c.demoteBatch(16) > 0 {
+	}
+	r.c.demoteMu.Unlock()
+	hd, err := acquireWait(t, r.c, victim, bs)
+	if err != nil {
+		t.Fatalf("acquire after demotion: %v", err)
+	}
+	defer r.h.Release(hd)
+	if !bytes.Equal(r.h.Bytes(hd), newBytes) {
+		t.Fatalf("read back the DELETED bytes (old block: %v) instead of the re-put block",
+			bytes.Equal(r.h.Bytes(hd), blockFor(victim, bs)))
+	}
+}
+
+// TestDeleteWhileWrittenDown: without a re-put, a block deleted
+// while the demoter writes it reappears in NVMe after Delete returned true.
+func TestDeleteWhileWrittenDown(t *testing.T) {
+	const bs = 256 << 10
+	victim := chainKey(41, 0)
+	var once sync.Once
+	done := make(chan bool, 1)
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		cfg: ChainConfig{HighWatermark: 0.5, LowWatermark: 0.25, Policy: "lru"},
+		hook: func(op string, k Key) {
+			if op == "put" && k == victim {
+				once.Do(func() { done <- r.c.Delete(victim) })
+			}
+		}})
+	for i := range 10 {
+		r.putHost(t, chainKey(41, uint64(i)), bs)
+	}
+	r.start()
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Fatal("Delete found nothing")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("victim never written down")
+	}
+	eventually(t, 10*time.Second, "pass did not finish", func() bool {
+		used, c := r.h.Usage()
+		return used <= c/4
+	})
+	if r.inAny(victim) {
+		t.Fatalf("deleted block is back: host %v nvme %v", r.h.Contains(victim), r.store.Contains(nk(victim)))
+	}
+}
+
+// TestPromotedBlockHeldUntilLeased: copyUp commits the promoted block
+// unpinned and finish pins it only later; a demoter pass in between takes
+// the fresh block and the waiter gets ErrPromote for a cached block.
+func TestPromotedBlockHeldUntilLeased(t *testing.T) {
+	const bs = 256 << 10
+	k := chainKey(42, 1)
+	var r *chainRig
+	var once sync.Once
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		// One block (256 KiB of 4 MiB) is above high: the demoter runs.
+		cfg: ChainConfig{HighWatermark: 0.05, LowWatermark: 0.01, Policy: "lru",
+			ObserveSwapIn: func(time.Duration) {
+				// The promotion worker is descheduled right after Commit,
+				// before finish pins the block; the demoter runs meanwhile.
+				once.Do(func() {
+					r.c.kickDemoter()
+					deadline := time.Now().Add(500 * time.Millisecond)
+					for r.h.Contains(k) && time.Now().Before(deadline) {
+						time.Sleep(time.Millisecond)
+					}
+				})
+			}}})
+	r.putNVMe(t, k, bs)
+	r.start()
+	hd, err := acquireWait(t, r.c, k, bs)
+	if err != nil {
+		t.Fatalf("promotion of a block cached in NVMe failed: %v", err)
+	}
+	r.h.Release(hd)
+}
+
+// TestVictimLeasedWhileWrittenStaysTracked: a victim leased by a reader
+// while the demoter writes it stays in the host tier, but the policy has
+// forgotten it (polKeys) for good.
+func TestVictimLeasedWhileWrittenStaysTracked(t *testing.T) {
+	const bs = 256 << 10
+	victim := chainKey(43, 0)
+	var once sync.Once
+	var held atomic.Pointer[Handle]
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		cfg: ChainConfig{HighWatermark: 0.5, LowWatermark: 0.25, Policy: "lru"},
+		hook: func(op string, k Key) {
+			if op == "put" && k == victim {
+				once.Do(func() { hd, _ := r.h.Acquire(victim); held.Store(hd) }) // a reader leases it meanwhile
+			}
+		}})
+	for i := range 7 { // below high: the demoter stays idle
+		r.putHost(t, chainKey(43, uint64(i)), bs)
+	}
+	r.start()
+	eventually(t, 5*time.Second, "policy did not see the inserts", func() bool {
+		r.c.pmu.Lock()
+		defer r.c.pmu.Unlock()
+		return len(r.c.polKeys) == 7
+	})
+	for i := 7; i < 10; i++ { // now above high
+		r.putHost(t, chainKey(43, uint64(i)), bs)
+	}
+	eventually(t, 10*time.Second, "pass did not finish", func() bool {
+		used, c := r.h.Usage()
+		return held.Load() != nil && used <= c/4
+	})
+	r.h.Release(held.Load())
+	r.c.Accessed(victim, policy.AccessInfo{})
+	time.Sleep(200 * time.Millisecond) // policyLoop applies the events
+	if !r.h.Contains(victim) {
+		t.Fatal("victim left the host tier")
+	}
+	r.c.pmu.Lock()
+	_, known := r.c.polKeys[pk(victim)]
+	r.c.pmu.Unlock()
+	if !known {
+		t.Fatal("host-resident block is unknown to the policy: it is never a policy victim again and its accesses are ignored")
+	}
+}
+
+// TestWaitFailsHandedOffPromotions: a demand promotion whose queue send
+// falls back to a goroutine while the chain is stopping is never answered
+// when that goroutine sends after Wait drained the queue.
+func TestWaitFailsHandedOffPromotions(t *testing.T) {
+	const bs = 64 << 10
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	r := newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20,
+		cfg: ChainConfig{PromoteWorkers: 1, PromoteQueue: 1}})
+	k1, k2 := chainKey(44, 1), chainKey(44, 2)
+	r.putNVMe(t, k1, bs)
+	r.putNVMe(t, k2, bs)
+	r.cancel()
+	r.c.wg.Wait() // the mover has stopped; sessions may still be finishing
+	called := make(chan error, 2)
+	cb := func(hd *Handle, err error) {
+		if hd != nil {
+			r.h.Release(hd)
+		}
+		called <- err
+	}
+	if hd, ok := r.c.Acquire(k1, bs, cb); hd != nil || !ok {
+		t.Fatal("acquire k1")
+	}
+	if hd, ok := r.c.Acquire(k2, bs, cb); hd != nil || !ok { // queue full: goroutine fallback
+		t.Fatal("acquire k2")
+	}
+	r.c.Wait() // fails what is queued, returns
+	for i := range 2 {
+		select {
+		case <-called:
+		case <-time.After(2 * time.Second):
+			r.c.mu.Lock()
+			n := len(r.c.inflight)
+			r.c.mu.Unlock()
+			t.Fatalf("waiter %d never called after Wait returned (inflight entries left: %d, queued: %d)", i, n, len(r.c.promoCh))
+		}
+	}
+}
+
+// TestReleasedParkedBlockNotLeftByFlush: a parked request released
+// (Chain.Delete) while a runtime Flush writes its block, before the
+// write-through got to it, leaves an unevictable parked block in NVMe that
+// no TTL tracks: it never expires (until a restart re-registers it).
+func TestReleasedParkedBlockNotLeftByFlush(t *testing.T) {
+	const bs = 64 << 10
+	const ttl = 200 * time.Millisecond
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one write-through goroutine
+	blocker := Key{NS: 9 | ParkedNS, Hash: chainKey(45, 1).Hash}
+	target := Key{NS: 9 | ParkedNS, Hash: chainKey(45, 2).Hash}
+	var flushing atomic.Bool
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20,
+		cfg: ChainConfig{ParkTTL: ttl},
+		hook: func(op string, k Key) {
+			switch {
+			case op != "put":
+			case k == blocker && !flushing.Load(): // the write-through is busy (slow disk)
+				entered <- struct{}{}
+				<-gate
+			case k == target && flushing.Load():
+				once.Do(func() { r.c.Delete(target) }) // the request is released
+			}
+		}})
+	r.putHost(t, blocker, bs)
+	<-entered
+	r.putHost(t, target, bs) // queued behind the blocker
+	flushing.Store(true)
+	if _, err := r.c.Flush(t.Context()); err != nil { // e.g. kvtierctl flush
+		t.Fatal(err)
+	}
+	flushing.Store(false)
+	close(gate)
+	time.Sleep(5 * ttl) // well past the TTL: expireLoop ran
+	if n := r.c.ParkedBlocks(); n != 0 {
+		t.Fatalf("parked blocks %d", n)
+	}
+	if r.inAny(target) {
+		t.Fatalf("released parked block still stored (host %v, nvme %v) past the TTL, untracked: an unevictable orphan",
+			r.h.Contains(target), r.store.Contains(nk(target)))
+	}
+}
+
+// TestRefusedQueueBounded: refused blocks that leave the host tier by
+// Delete keep their entry in c.unadmitted, which is only trimmed by a
+// demotion pass (above the high watermark): below it, put/delete churn of
+// refused blocks grows the queue without bound.
+func TestRefusedQueueBounded(t *testing.T) {
+	const bs = 64 << 10
+	r := newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, cfg: ChainConfig{Policy: "chain"}})
+	orphan := policy.AccessInfo{HasParent: true, Parent: pk(chainKey(46, 999999))} // parent unknown: refused
+	k := chainKey(46, 1)
+	for range 5000 {
+		hd, err := r.c.Reserve(k, bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.h.Commit(hd); err != nil {
+			t.Fatal(err)
+		}
+		r.c.Inserted(k, orphan)
+		time.Sleep(20 * time.Microsecond)
+		r.c.Delete(k)
+	}
+	time.Sleep(200 * time.Millisecond)
+	r.c.pmu.Lock()
+	n, set := len(r.c.unadmitted), len(r.c.unadmittedSet)
+	r.c.pmu.Unlock()
+	if used, _ := r.h.Usage(); used != 0 {
+		t.Fatalf("host tier not empty: %d", used)
+	}
+	if n > 200 { // bounded by a small constant, not by the churn
+		t.Fatalf("host tier empty, but the refused queue holds %d entries (set %d)", n, set)
+	}
+}
+
+// TestDeleteDuringPromotionRead: a block deleted after a promotion read
+// its bytes from NVMe, but before the promotion committed them to the
+// host tier, stays deleted: the waiter gets an error, and no tier holds
+// the block afterwards.
+func TestDeleteDuringPromotionRead(t *testing.T) {
+	const bs = 64 << 10
+	k := chainKey(47, 1)
+	deleted := make(chan bool, 1)
+	var once sync.Once
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		hook: func(op string, key Key) {
+			if op == "read" && key == k {
+				once.Do(func() { deleted <- r.c.Delete(k) })
+			}
+		}})
+	r.putNVMe(t, k, bs)
+	r.start()
+	if hd, err := acquireWait(t, r.c, k, bs); err == nil {
+		r.h.Release(hd)
+		t.Fatal("a block deleted during its promotion was leased")
+	}
+	if !<-deleted {
+		t.Fatal("Delete found nothing")
+	}
+	if r.inAny(k) {
+		t.Fatalf("deleted block is back: host %v nvme %v", r.h.Contains(k), r.store.Contains(nk(k)))
+	}
+	if n := r.c.Stats().PromoteLost; n != 1 {
+		t.Fatalf("PromoteLost = %d, want 1", n)
+	}
+}
