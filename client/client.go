@@ -302,7 +302,8 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 }
 
 // Evict drops every unleased block of namespace id (all namespaces when all
-// is set) and returns how many blocks went.
+// is set), the blocks of its parked requests included, and returns how
+// many blocks went.
 func (c *Client) Evict(ctx context.Context, namespaceID uint32, all bool) (int, error) {
 	req := shm.EvictReq{NamespaceID: namespaceID, All: all}
 	p, err := c.adminCall(ctx, shm.MsgEvictReq, req.Encode(), shm.MsgEvictReply)

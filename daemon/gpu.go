@@ -82,12 +82,14 @@ func (d *Daemon) gpuArenaFor(uuid [16]byte) (int, *shm.GPUArena) {
 	return i, &shm.GPUArena{UUID: uuid, Size: uint64(g.Arena.Size()), SlabBytes: uint64(slab), Handle: g.Handle}
 }
 
-// deleteNS drops a namespace from every tier.
+// deleteNS drops a namespace from every tier, with its parked requests
+// (an operator's evict: a model's parked KV is no better than its cache).
 func (d *Daemon) deleteNS(ns uint32) int {
+	del := d.chain.DeleteNS
 	if d.gpus != nil {
-		return d.gpus.DeleteNS(ns)
+		del = d.gpus.DeleteNS
 	}
-	return d.chain.DeleteNS(ns)
+	return del(ns) + del(ns|tiers.ParkedNS)
 }
 
 // tierOf is the wire tier of a handle held by a session.

@@ -240,6 +240,52 @@ func TestParkResume(t *testing.T) {
 	}
 }
 
+// TestEvictDropsParked: an operator's evict of a namespace drops its
+// parked requests too (from NVMe, where they are otherwise never evicted),
+// and leaves other namespaces' parked requests alone.
+func TestEvictDropsParked(t *testing.T) {
+	const bs = 64 << 10
+	ip := startInProc(t, "32MiB", 4<<20, withNVMe)
+	ctx := context.Background()
+	c := dial(t, ip.cfg.Socket)
+	defer c.Close()
+	s := open(t, c, testNS("park-evict", bs))
+	defer s.Close()
+	other := open(t, c, testNS("park-keep", bs))
+	defer other.Close()
+	blocks := make([][]byte, 5)
+	for i := range blocks {
+		blocks[i] = payload(client.Hash{Hi: 77, Lo: uint64(i)}, bs)
+	}
+	if err := s.Park(ctx, 1, blocks); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Park(ctx, 1, blocks[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
+		used, _ := hostUsed(st)
+		return st.ParkedBlocks == 7 && used == 0 // written through to NVMe
+	}); !ok {
+		t.Fatalf("parked blocks not swapped out: %+v", stats(t, c))
+	}
+	n, err := c.Evict(ctx, s.NamespaceID(), false)
+	if err != nil || n != len(blocks) {
+		t.Fatalf("evict: %d blocks, %v; want %d", n, err, len(blocks))
+	}
+	if got := parkedBlocks(t, c); got != 2 {
+		t.Fatalf("%d parked blocks after the evict, want the other namespace's 2", got)
+	}
+	dsts := [][]byte{make([]byte, bs)}
+	if err := s.Resume(ctx, 1, dsts); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("resume after evict: %v, want ErrNotFound", err)
+	}
+	dsts = [][]byte{make([]byte, bs), make([]byte, bs)}
+	if err := other.Resume(ctx, 1, dsts); err != nil || !bytes.Equal(dsts[1], blocks[1]) {
+		t.Fatalf("the other namespace's parked request: %v", err)
+	}
+}
+
 // TestParkTTL: a parked request nobody resumes expires.
 func TestParkTTL(t *testing.T) {
 	const bs = 64 << 10

@@ -131,7 +131,7 @@ func newEvictCmd(g *globals) *cobra.Command {
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "evict (--namespace ID | --all)",
-		Short: "Drop the unleased blocks of one namespace, or of all",
+		Short: "Drop the unleased blocks of one namespace, or of all, parked requests included",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			nsSet := cmd.Flags().Changed("namespace")
