@@ -42,13 +42,16 @@ func dioAlign(dir string) (offAlign, memAlign int) {
 
 func fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
 
+// iovMax is Linux's IOV_MAX: preadv/pwritev refuse more iovecs (EINVAL).
+const iovMax = 1024
+
 // writevAt writes bufs back to back at off with pwritev: one system call
 // (one I/O) for a batch of records. Direct I/O needs every buffer aligned
 // in memory and a multiple of the offset alignment; the caller checks.
 func writevAt(f *os.File, bufs [][]byte, off int64) error {
 	fd := int(f.Fd())
 	for len(bufs) > 0 {
-		n, err := unix.Pwritev(fd, bufs, off)
+		n, err := unix.Pwritev(fd, bufs[:min(len(bufs), iovMax)], off)
 		if err != nil {
 			return &os.PathError{Op: "pwritev", Path: f.Name(), Err: err}
 		}
@@ -82,7 +85,7 @@ func advance(bufs [][]byte, n int) [][]byte {
 func readvAt(f *os.File, bufs [][]byte, off int64) error {
 	fd := int(f.Fd())
 	for len(bufs) > 0 {
-		n, err := unix.Preadv(fd, bufs, off)
+		n, err := unix.Preadv(fd, bufs[:min(len(bufs), iovMax)], off)
 		if err != nil {
 			return &os.PathError{Op: "preadv", Path: f.Name(), Err: err}
 		}

@@ -304,6 +304,8 @@ func (s *Store) evictDown() {
 // measure records the allocated size of the badger directory plus the
 // segments directory, and the space left on the filesystem.
 func (s *Store) measure() int64 {
+	s.measureMu.Lock()
+	defer s.measureMu.Unlock()
 	w0 := s.writtenSince.Load()
 	d := dirUsage(s.dir) + dirUsage(filepath.Join(s.dir, segDirName))
 	s.diskMeasured.Store(d)

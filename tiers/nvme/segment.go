@@ -93,8 +93,8 @@ func openSegStore(dir string, fileSize int64, syncEach bool) (*segStore, error) 
 			continue
 		}
 		id, err := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 32)
-		if err != nil {
-			continue
+		if err != nil || name != segName(uint32(id)) {
+			continue // not a name we write ("0.seg" would alias 00000000.seg)
 		}
 		p := filepath.Join(dir, name)
 		f, direct, err := openSegmentFile(p, false)
@@ -352,6 +352,9 @@ func (ss *segStore) within(sg *segment, off, n int64) bool {
 // dst is aligned and n a multiple of the alignment, else through a bounce
 // buffer. A missing segment is errSegmentGone; a short file is an error.
 func (ss *segStore) read(seg uint32, off, n int64, dst []byte) error {
+	if n == 0 {
+		return nil // an empty record occupies no space: its segment may be gone
+	}
 	sg := ss.get(seg)
 	if sg == nil {
 		return errSegmentGone

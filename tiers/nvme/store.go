@@ -149,6 +149,7 @@ type Store struct {
 	penalty  int64
 	passDone chan struct{} // closed after each maintenance pass
 
+	measureMu    sync.Mutex // one measure at a time (it subtracts the writtenSince it read)
 	diskMeasured atomic.Int64
 	fsAvail      atomic.Int64 // free bytes on the filesystem, last measurement
 	writtenSince atomic.Int64 // bytes put since the last measurement
@@ -448,7 +449,9 @@ func (s *Store) reindex(ctx context.Context) error {
 			}
 			if ok {
 				sz, exists := segSize[rec.seg]
-				ok = exists && rec.offset+s.segs.recLen(rec.n) <= sz // fields ≤ 2^40: no overflow
+				// An empty record occupies no space (its segment, charged
+				// nothing, may be removed).
+				ok = rec.n <= s.maxBlock && (rec.n == 0 || exists && rec.offset+s.segs.recLen(rec.n) <= sz) // fields ≤ 2^40: no overflow
 			}
 			if !ok {
 				bad = append(bad, item.KeyCopy(nil))
@@ -854,12 +857,7 @@ func (s *Store) Get(k Key, dst []byte) (int, error) {
 		})
 		switch {
 		case errors.Is(err, badger.ErrKeyNotFound):
-			s.mu.Lock()
-			if j, ok := s.idx.get(k); ok && s.idx.ents[j].size == size {
-				sz, seg := s.idx.remove(k)
-				s.segs.release(seg, sz, false)
-			}
-			s.mu.Unlock()
+			s.dropMissing(k, kb)
 			s.misses.Add(1)
 			return 0, ErrNotFound
 		case errors.Is(err, badger.ErrDBClosed):
@@ -878,13 +876,8 @@ func (s *Store) Get(k Key, dst []byte) (int, error) {
 				}
 				break
 			}
-			// The index said less (a concurrent overwrite): fix it.
-			s.mu.Lock()
-			if j, ok := s.idx.get(k); ok {
-				s.idx.bytes += rec.n - s.idx.ents[j].size
-				s.idx.ents[j].size = rec.n
-			}
-			s.mu.Unlock()
+			// The index said less: a Put of k is between its badger
+			// commit and its index update, which it makes itself.
 			return int(rec.n), ErrShortBuffer
 		default:
 			derr = s.segs.read(rec.seg, rec.offset, rec.n, dst)
@@ -903,16 +896,32 @@ func (s *Store) Get(k Key, dst []byte) (int, error) {
 			return 0, fmt.Errorf("%w (%w)", ErrNotFound, ErrChecksum)
 		}
 		n := int(rec.n)
-		if rec.n != size {
-			s.mu.Lock()
-			if j, ok := s.idx.get(k); ok && s.idx.ents[j].size == size {
-				s.idx.bytes += rec.n - size
-				s.idx.ents[j].size = rec.n
-			}
-			s.mu.Unlock()
-		}
 		s.hits.Add(1)
 		return n, nil
+	}
+}
+
+// dropMissing removes k from the index if badger has no record of it.
+// Under k's stripe: no Put or Delete of k is between its badger commit and
+// its index update, so the index entry seen is the one the lookup missed.
+func (s *Store) dropMissing(k Key, kb [keyLen]byte) {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	st := stripeOf(k)
+	s.stripes[st].Lock()
+	defer s.stripes[st].Unlock()
+	err := s.db.View(func(txn *badger.Txn) error {
+		_, err := txn.Get(kb[:])
+		return err
+	})
+	if !errors.Is(err, badger.ErrKeyNotFound) {
+		return
+	}
+	s.mu.Lock()
+	sz, seg := s.idx.remove(k)
+	s.mu.Unlock()
+	if sz >= 0 && s.segs.release(seg, sz, false) {
+		s.wake()
 	}
 }
 

@@ -271,6 +271,9 @@ func TestConcurrentOps(t *testing.T) {
 	if st.ChecksumMisses != 0 {
 		t.Fatalf("checksum misses without corruption: %d", st.ChecksumMisses)
 	}
+	if bad := checkInvariants(s); len(bad) > 0 {
+		t.Fatalf("index, badger and segments disagree:\n%v", bad)
+	}
 	// Index agrees with disk after a restart.
 	blocks := st.Blocks
 	if err := s.Close(); err != nil {
