@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 	"github.com/dustin/go-humanize"
@@ -395,7 +397,9 @@ func (c *Config) Validate() error {
 	if !slabOK {
 		bad("host.slab_bytes", "must be a power of two between 1MiB and 1GiB, got %v", c.Host.SlabBytes)
 	}
-	if capa := uint64(c.Host.Capacity); slabOK && (capa%slab != 0 || capa < 2*slab) {
+	if c.Host.Capacity > math.MaxInt64 {
+		bad("host.capacity", "must be at most %d bytes, got %d", int64(math.MaxInt64), uint64(c.Host.Capacity))
+	} else if capa := uint64(c.Host.Capacity); slabOK && (capa%slab != 0 || capa < 2*slab) {
 		bad("host.capacity", "must be a multiple of host.slab_bytes (%v) and at least two slabs, got %v", c.Host.SlabBytes, c.Host.Capacity)
 	}
 
@@ -408,8 +412,11 @@ func (c *Config) Validate() error {
 	if w := c.Host.LowWatermark; !(w > 0 && w < c.Host.HighWatermark) {
 		bad("host.low_watermark", "must be in (0, host.high_watermark), got %v", w)
 	}
-	if t := c.NVMe.ParkTTLSeconds; t <= 0 {
-		bad("nvme.park_ttl_s", "must be positive, got %d", t)
+	if t := c.NVMe.ParkTTLSeconds; t <= 0 || int64(t) > math.MaxInt64/int64(time.Second) {
+		bad("nvme.park_ttl_s", "must be between 1 and %d, got %d", math.MaxInt64/int64(time.Second), t)
+	}
+	if c.NVMe.Capacity > math.MaxInt64 {
+		bad("nvme.capacity", "must be at most %d bytes, got %d", int64(math.MaxInt64), uint64(c.NVMe.Capacity))
 	}
 	if capa := c.NVMe.Capacity; c.NVMe.Enabled && capa != 0 && capa < 64*MiB {
 		bad("nvme.capacity", "must be 0 (auto) or at least 64MiB, got %v", capa)

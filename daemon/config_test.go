@@ -213,6 +213,12 @@ func TestConfigValidate(t *testing.T) {
 		{"max sessions", func(c *Config) { c.Session.MaxSessions = 0 }, "session.max_sessions"},
 		{"spin negative", func(c *Config) { c.Session.SpinMicros = -1 }, "session.spin_us"},
 		{"spin too long", func(c *Config) { c.Session.SpinMicros = 10001 }, "session.spin_us"},
+		// Past int64 or time.Duration: used to pass, then wrap (a negative
+		// capacity, a park TTL of 290 ms).
+		{"capacity past int64", func(c *Config) { c.Host.Capacity = 1 << 63 }, "host.capacity"},
+		{"nvme capacity past int64", func(c *Config) { c.NVMe.Capacity = 1 << 63 }, "nvme.capacity"},
+		{"park ttl past Duration", func(c *Config) { c.NVMe.ParkTTLSeconds = 18446744074 }, "nvme.park_ttl_s"},
+		{"park ttl at Duration's bound", func(c *Config) { c.NVMe.ParkTTLSeconds = 9223372036 }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"reflect"
@@ -61,6 +62,9 @@ func (d *Daemon) currentLocked() Config {
 func (d *Daemon) Reload(next Config) error {
 	d.reload.mu.Lock()
 	defer d.reload.mu.Unlock()
+	if d.closing.Load() {
+		return errors.New("reload: kvtierd is stopping")
+	}
 	d.notify(sdnotify.SdNotifyReloading + "\n" + sdnotify.SdNotifyMonotonicUsec())
 	defer func() { d.notify(sdnotify.SdNotifyReady + "\nSTATUS=" + d.statusLine(false)) }()
 	if err := next.Validate(); err != nil {

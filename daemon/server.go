@@ -288,6 +288,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	d.closing.Store(true)
+	// A Reload in flight (it uses d.nvme and the chain) ends before the
+	// tiers close; later ones see closing and are refused.
+	d.reload.mu.Lock()
+	d.reload.mu.Unlock()
 	d.mu.Lock()
 	for _, s := range d.sessions {
 		s.stop()
@@ -470,7 +474,9 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 		return
 	}
 	c.SetDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
+	// Both directions: a peer that never reads its replies blocks our
+	// write, and Run waits for this goroutine.
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 	buf := make([]byte, 4096)
 	for {
