@@ -224,6 +224,7 @@ var (
 	descPrefetch   = desc("prefetches_total", "Promotions queued by a lookup that found blocks only in NVMe.")
 	descPrefDrops  = desc("prefetches_dropped_total", "Prefetches skipped because the promotion queue was full.")
 	descRefused    = desc("policy_refused_drops_total", "Host blocks the replacement policy refused (orphans), dropped by the mover instead of written down; also in kvtier_tier_evictions_total{tier=\"host\"}.")
+	descOversize   = desc("nvme_oversize_drops_total", "Host blocks larger than the NVMe tier's largest block, dropped by the mover (the host is their last tier); also in kvtier_tier_evictions_total{tier=\"host\"}.")
 
 	descSessions     = desc("sessions", "Sessions open now.")
 	descSessionsOpen = desc("sessions_opened_total", "Sessions opened since start.")
@@ -258,7 +259,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descTierHits, descTierMisses, descTierBytes, descTierBlocks, descTierCapacity, descTierEvictions,
 		descHostReserved, descHostLeased, descHostCompactions,
-		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused,
+		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused, descOversize,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
 		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeReads, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
@@ -349,6 +350,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descPrefetch, cs.Prefetches)
 	counter(descPrefDrops, cs.PrefetchDropped)
 	counter(descRefused, cs.RefusedDrops)
+	counter(descOversize, cs.OversizeDrops)
 	gauge(descParked, float64(cs.ParkedBlocks))
 	counter(descParkExpired, cs.ParkExpired)
 

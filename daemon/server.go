@@ -131,6 +131,12 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	} else {
 		log.Info("nvme tier disabled by configuration")
 	}
+	if d.nvme != nil && d.nvme.MaxBlockBytes() < int64(cfg.Host.SlabBytes) {
+		// Segments are sized from the capacity; a block larger than one
+		// has no tier below the host (kvtier_nvme_oversize_drops_total).
+		log.Warn("nvme.capacity is too small for blocks up to host.slab_bytes: larger blocks are dropped from the host tier instead of demoted",
+			"nvme_max_block", ByteSize(d.nvme.MaxBlockBytes()).String(), "slab_bytes", cfg.Host.SlabBytes.String())
+	}
 	d.chain, err = tiers.NewChain(d.host, d.nvme, d.chainConfig())
 	if err != nil {
 		return nil, fmt.Errorf("tier chain: %w", err)
@@ -544,10 +550,10 @@ func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
 }
 
 // hostEvictions counts the blocks that left the host tier without a copy
-// below: dropped at allocation to make room, and blocks the policy refused,
-// which the mover drops instead of writing them down.
+// below: dropped at allocation to make room, and blocks the policy refused
+// or NVMe cannot hold, which the mover drops instead of writing them down.
 func hostEvictions(hs tiers.HostStats, cs tiers.ChainStats) uint64 {
-	return hs.Evictions + cs.RefusedDrops
+	return hs.Evictions + cs.RefusedDrops + cs.OversizeDrops
 }
 
 // Stats reports the daemon's state.

@@ -185,6 +185,10 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 	d.watchClient(s) // its death stops it without waiting for EOF (ebpf.go)
 	d.sessionsTotal.Add(1)
 	s.log.Info("session opened", "model", h.Namespace.ModelID, "block_bytes", h.Namespace.BlockBytes)
+	if d.nvme != nil && int64(h.Namespace.BlockBytes) > d.nvme.MaxBlockBytes() {
+		s.log.Warn("blocks of this namespace are larger than the NVMe tier's largest block: they are dropped from the host tier instead of demoted (raise nvme.capacity)",
+			"block_bytes", h.Namespace.BlockBytes, "nvme_max_block", d.nvme.MaxBlockBytes())
+	}
 	return s, nil
 }
 

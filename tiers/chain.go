@@ -122,6 +122,7 @@ type Chain struct {
 	polDrops                  atomic.Uint64
 	promoteLost               atomic.Uint64
 	refusedDrops              atomic.Uint64
+	oversizeDrops             atomic.Uint64
 	swapInNanos, swapOutNanos atomic.Uint64
 }
 
@@ -844,6 +845,16 @@ func (c *Chain) demoteBatch(n int) int {
 			ok, _ = c.writeDown(run)
 		}
 		for i, hd := range run {
+			if !ok[i] && c.tooLarge(hd) {
+				// No tier below holds it: the host is its last tier.
+				if dropped, _ := c.Host.Unpin(hd, true); dropped {
+					demoted.Add(1) // left the host tier
+					c.oversizeDrops.Add(1)
+				} else if c.Host.Contains(hd.Key) {
+					c.Inserted(hd.Key, policy.AccessInfo{}) // leased meanwhile
+				}
+				continue
+			}
 			if !ok[i] {
 				c.Host.Unpin(hd, false)
 				c.Inserted(hd.Key, policy.AccessInfo{}) // still resident: track it again
@@ -901,9 +912,14 @@ func eachWriter(hs []*Handle, write func(run []*Handle)) {
 	wg.Wait()
 }
 
+// tooLarge reports whether hd is larger than the NVMe tier's largest
+// block (segments are sized from its capacity): no tier below can hold it.
+func (c *Chain) tooLarge(hd *Handle) bool { return hd.Size > c.NVMe.MaxBlockBytes() }
+
 // writeDown makes sure NVMe holds a copy of each pinned block of run, with
 // one batched store call for those it lacks, and reports which do and how
-// many it wrote.
+// many it wrote. A block too large for NVMe is not ok (and does not fail
+// the rest of the batch).
 func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
 	ok = make([]bool, len(run))
 	var keys []nvme.Key
@@ -912,6 +928,9 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
 	for i, hd := range run {
 		if c.inNVMe(hd.Key) {
 			ok[i] = true // clean copy already below
+			continue
+		}
+		if c.tooLarge(hd) {
 			continue
 		}
 		keys, blocks, idx = append(keys, nk(hd.Key)), append(blocks, c.Host.Bytes(hd)), append(idx, i)
@@ -1165,6 +1184,7 @@ type ChainStats struct {
 	ParkErrors, ParkExpired     uint64
 	PromoteLost                 uint64        // evicted from NVMe before the promotion read it
 	RefusedDrops                uint64        // host blocks the policy did not admit, dropped to make room
+	OversizeDrops               uint64        // host blocks too large for NVMe, dropped to make room
 	SwapIn, SwapOut             time.Duration // total time spent copying
 	PolicyEventDrops            uint64        // policy events dropped on a full queue
 }
@@ -1176,8 +1196,8 @@ func (c *Chain) Stats() ChainStats {
 		Demoted: c.demoted.Load(), DemotedBytes: c.demotedBytes.Load(),
 		Promoted: c.promoted.Load(), PromotedBytes: c.promotedBytes.Load(),
 		DemoteErrors: c.demoteErrors.Load(), PromoteErrors: c.promoteErrs.Load(), PromoteLost: c.promoteLost.Load(),
-		RefusedDrops: c.refusedDrops.Load(),
-		Prefetches:   c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
+		RefusedDrops: c.refusedDrops.Load(), OversizeDrops: c.oversizeDrops.Load(),
+		Prefetches: c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
 		ParkedBlocks: c.ParkedBlocks(), ParkErrors: c.parkErrors.Load(), ParkExpired: c.parkExpired.Load(),
 		SwapIn: time.Duration(c.swapInNanos.Load()), SwapOut: time.Duration(c.swapOutNanos.Load()),
 		PolicyEventDrops: c.polDrops.Load(),
