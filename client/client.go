@@ -153,6 +153,8 @@ func (c *Client) Open(ctx context.Context, ns Namespace) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Set before s is published: a concurrent Close must find (and kill) it.
+	s.cur = cn
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -162,7 +164,6 @@ func (c *Client) Open(ctx context.Context, ns Namespace) (*Session, error) {
 	}
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
-	s.cur = cn
 	return s, nil
 }
 

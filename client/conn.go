@@ -431,7 +431,7 @@ func (cn *conn) pushAsync(es []shm.SQE) {
 	cn.addOrphans(len(es))
 	go func() {
 		defer cn.unref()
-		cn.push(es)
+		cn.push(context.Background(), es)
 	}()
 }
 
@@ -482,7 +482,8 @@ func (cn *conn) pushLazy(es []shm.SQE) error {
 		return nil
 	}
 	cn.sqMu.Unlock()
-	return cn.push(es[n:]) // rings for the lazy ones too
+	_, err := cn.push(context.Background(), es[n:]) // rings for the lazy ones too
+	return err
 }
 
 // ringLazy (the bell timer) rings the doorbell for lazily pushed entries
@@ -503,30 +504,38 @@ func (cn *conn) ringLazy() {
 }
 
 // push appends entries to the submission ring and rings the doorbell,
-// waiting (bounded by connection death) while the ring is full.
-func (cn *conn) push(es []shm.SQE) error {
-	cn.sqMu.Lock()
-	defer cn.sqMu.Unlock()
-	for len(es) > 0 {
-		n := cn.ring.ClientPush(es)
-		es = es[n:]
+// waiting (bounded by connection death and ctx) while the ring is full. It
+// returns how many entries it pushed. sqMu is not held while waiting, so a
+// stalled daemon cannot block other callers past their own contexts.
+func (cn *conn) push(ctx context.Context, es []shm.SQE) (int, error) {
+	pushed := 0
+	for pushed < len(es) {
+		cn.sqMu.Lock()
+		n := cn.ring.ClientPush(es[pushed:])
+		pushed += n
 		if n > 0 {
 			cn.unrung = false
 			cn.ring.ClientWake()
 			if cn.bellArmed.CompareAndSwap(true, false) {
 				cn.bell.Stop() // a late ringLazy finds nothing unrung
 			}
+		}
+		cn.sqMu.Unlock()
+		if n > 0 {
 			continue
 		}
 		if cn.isDead() {
-			return cn.deadErr
+			return pushed, cn.deadErr
+		}
+		if err := ctx.Err(); err != nil {
+			return pushed, err
 		}
 		// The daemon stops taking submissions while the completion ring
 		// is full (fire-and-forget releases accumulate there): drain it.
 		cn.poll()
 		runtime.Gosched()
 	}
-	return nil
+	return pushed, nil
 }
 
 // submit sends entries and waits for all their completions. On ctx
@@ -563,8 +572,15 @@ func (cn *conn) submitLate(ctx context.Context, es []shm.SQE, out []shm.CQE, lat
 		calls[i] = c
 	}
 	cn.pmu.Unlock()
-	if err := cn.push(es); err != nil {
-		return false, err
+	if n, err := cn.push(ctx, es); err != nil {
+		// Entries not pushed never reach the daemon: forget them. Those
+		// pushed are abandoned like calls whose caller gave up waiting.
+		cn.pmu.Lock()
+		for i := n; i < len(es); i++ {
+			delete(cn.pending, es[i].UserData)
+		}
+		cn.pmu.Unlock()
+		return cn.abandon(es[:n], calls[:n], late), err
 	}
 	var firstErr error
 	for i, c := range calls {
@@ -680,15 +696,28 @@ func (d *dataArea) init(size int) {
 // maxBytes is the largest single allocation.
 func (d *dataArea) maxBytes() int { return d.pages * dataPage }
 
+// errAreaDead: the connection died while alloc waited.
+var errAreaDead = errors.New("data area of a dead connection")
+
 // alloc returns the offset of a run of pages covering n bytes, waiting for
-// space. ok is false if the connection died meanwhile.
-func (d *dataArea) alloc(n int) (off int, ok bool) {
+// space. It fails with errAreaDead if the connection died meanwhile, or with
+// ctx's error.
+func (d *dataArea) alloc(ctx context.Context, n int) (off int, err error) {
 	want := (n + dataPage - 1) / dataPage
+	stop := context.AfterFunc(ctx, func() {
+		d.mu.Lock()
+		d.mu.Unlock()
+		d.cond.Broadcast()
+	})
+	defer stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for {
 		if d.dead {
-			return 0, false
+			return 0, errAreaDead
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
 		}
 		run := 0
 		for i := 0; i < d.pages; i++ {
@@ -702,7 +731,7 @@ func (d *dataArea) alloc(n int) (off int, ok bool) {
 				for j := start; j <= i; j++ {
 					d.used[j] = true
 				}
-				return start * dataPage, true
+				return start * dataPage, nil
 			}
 		}
 		d.cond.Wait()

@@ -203,6 +203,11 @@ func (s *Session) reserveBatch(ctx context.Context, hashes []Hash, flags uint8) 
 			r := &Reservation{Hash: hashes[i], cn: cn, token: out[i].Value, tier: out[i].Tier}
 			if err := cn.place(&out[i], flags, &r.buf, &r.dptr); err != nil {
 				cn.kill(err)
+				for _, r := range res {
+					if r != nil {
+						cn.unref()
+					}
+				}
 				return nil, err
 			}
 			cn.ref()
@@ -253,11 +258,17 @@ func finishBatch(ctx context.Context, rs []*Reservation, op shm.Op) (int, error)
 	// Group by connection generation: reservations of a dead connection are
 	// void and report ErrDisconnected.
 	byConn := map[*conn][]*Reservation{}
-	for _, r := range rs {
+	for i, r := range rs {
 		if r == nil {
 			continue
 		}
 		if !r.done.CompareAndSwap(false, true) {
+			// Leave the others as they were: still the caller's to finish.
+			for _, q := range rs[:i] {
+				if q != nil {
+					q.done.Store(false)
+				}
+			}
 			return 0, fmt.Errorf("%s %s: %w", op, r.Hash, ErrDone)
 		}
 		byConn[r.cn] = append(byConn[r.cn], r)
@@ -316,6 +327,11 @@ func (s *Session) acquireBatch(ctx context.Context, hashes []Hash, flags uint8) 
 				cn: cn, token: out[i].Value}
 			if err := cn.place(&out[i], flags, &l.buf, &l.dptr); err != nil {
 				cn.kill(err)
+				for _, l := range ls {
+					if l != nil {
+						cn.unref()
+					}
+				}
 				return nil, err
 			}
 			cn.ref()
@@ -327,6 +343,14 @@ func (s *Session) acquireBatch(ctx context.Context, hashes []Hash, flags uint8) 
 					l.Release()
 				}
 			}
+			// Later entries may have been granted too: give them back.
+			var undo []shm.SQE
+			for j := i + 1; j < len(out); j++ {
+				if u, ok := undoOf(shm.OpAcquire, &out[j]); ok {
+					undo = append(undo, u)
+				}
+			}
+			cn.pushAsync(undo)
 			return nil, fmt.Errorf("acquire %s: %w", hashes[i], statusErr(out[i].Status))
 		}
 	}
@@ -486,6 +510,9 @@ func (s *Session) Lookup(ctx context.Context, chain []Hash) (LookupResult, error
 		return res, err
 	}
 	per := cn.data.maxBytes() / (shm.LookupKeySize + 1)
+	if per == 0 {
+		return res, fmt.Errorf("lookup: %w: the session's data area holds no key", shm.ErrMalformed)
+	}
 	res.Tiers = make([]Tier, 0, len(chain))
 	for len(chain) > 0 {
 		part := chain[:min(len(chain), per)]
@@ -509,9 +536,11 @@ func (cn *conn) lookup(ctx context.Context, part []Hash, tiers *[]Tier) (int, er
 	}
 	defer cn.unref()
 	n := len(part) * (shm.LookupKeySize + 1)
-	off, ok := cn.data.alloc(n)
-	if !ok {
+	off, err := cn.data.alloc(ctx, n)
+	if errors.Is(err, errAreaDead) {
 		return 0, cn.errDead()
+	} else if err != nil {
+		return 0, err
 	}
 	free := func() { cn.data.free(off, n) }
 	buf := cn.ring.Data()[off : off+n]
@@ -532,10 +561,10 @@ func (cn *conn) lookup(ctx context.Context, part []Hash, tiers *[]Tier) (int, er
 	if err := statusErr(out[0].Status); err != nil {
 		return 0, err
 	}
-	hits := int(out[0].Value)
-	if hits > len(part) {
-		return 0, fmt.Errorf("%w: lookup of %d keys answered %d hits", shm.ErrMalformed, len(part), hits)
+	if out[0].Value > uint64(len(part)) {
+		return 0, fmt.Errorf("%w: lookup of %d keys answered %d hits", shm.ErrMalformed, len(part), out[0].Value)
 	}
+	hits := int(out[0].Value)
 	res := buf[len(part)*shm.LookupKeySize:]
 	for i := 0; i < hits; i++ {
 		*tiers = append(*tiers, Tier(res[i]))
