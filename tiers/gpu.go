@@ -131,6 +131,10 @@ type GPUSet struct {
 	inflight map[moveKey]*gpuMove
 	jobs     chan func()
 	wg       sync.WaitGroup
+	// stopped (imu): Wait ran; moves fail at once. handoffs counts the
+	// goroutines handing a job to a full queue, which Wait drains.
+	stopped  bool
+	handoffs sync.WaitGroup
 
 	promoted, demoted, migrated, toHost atomic.Uint64
 	copyErrors, compactErrors           atomic.Uint64
@@ -196,12 +200,12 @@ func (gs *GPUSet) untrack(k Key, t *moveTok) {
 	}
 }
 
-// tombstone marks the copies of k in flight as deleted (before Delete
-// removes k from the tiers, so a copy either commits first and is deleted,
-// or sees the mark and aborts).
+// tombstone marks the copies of k in flight as deleted. Delete and
+// DeleteNS call it and sweep the tiers under tmu, so that no copy starts
+// (track) or commits (commitCopy) in between: a copy either commits before
+// and is deleted by the sweep, is marked and aborts, or starts after the
+// sweep and finds its source gone. tmu held.
 func (gs *GPUSet) tombstone(match func(Key) bool) {
-	gs.tmu.Lock()
-	defer gs.tmu.Unlock()
 	for k, ts := range gs.moving {
 		if match(k) {
 			for _, t := range ts {
@@ -364,12 +368,24 @@ func (gs *GPUSet) Start(ctx context.Context) {
 // that every waiter is answered.
 func (gs *GPUSet) Wait() {
 	gs.wg.Wait()
+	gs.imu.Lock()
+	gs.stopped = true
+	gs.imu.Unlock()
+	handed := make(chan struct{})
+	go func() { gs.handoffs.Wait(); close(handed) }()
 	for {
 		select {
 		case f := <-gs.jobs:
 			f()
-		default:
-			return
+		case <-handed:
+			for {
+				select {
+				case f := <-gs.jobs:
+					f()
+				default:
+					return
+				}
+			}
 		}
 	}
 }
@@ -541,6 +557,13 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (at *Host, held *Handle, err error)) {
 	mk := moveKey{k: k, dst: dst}
 	gs.imu.Lock()
+	if gs.stopped {
+		gs.imu.Unlock()
+		if done != nil {
+			go done(nil, fmt.Errorf("%w: %s: the GPU tier is stopped", ErrGPUCopy, k.Hash))
+		}
+		return
+	}
 	if m := gs.inflight[mk]; m != nil {
 		m.waiters = append(m.waiters, done)
 		gs.imu.Unlock()
@@ -548,7 +571,7 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 	}
 	m := &gpuMove{waiters: []func(*Handle, error){done}}
 	gs.inflight[mk] = m
-	gs.imu.Unlock()
+	defer gs.imu.Unlock() // held to the handoff: Wait sees every job
 	job := func() {
 		at, held, err := work()
 		gs.imu.Lock()
@@ -573,7 +596,11 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 	select {
 	case gs.jobs <- job:
 	default:
-		go func() { gs.jobs <- job }() // bounded by the sessions' rings
+		gs.handoffs.Add(1)
+		go func() { // bounded by the sessions' rings
+			defer gs.handoffs.Done()
+			gs.jobs <- job
+		}()
 	}
 }
 
@@ -709,12 +736,25 @@ func (gs *GPUSet) viaHost(g *GPU, k Key, size int64) (*Host, *Handle, error) {
 		return nil, nil, fmt.Errorf("%w: %s left GPU %d before its copy", ErrGPUCopy, k.Hash, g.Index)
 	}
 	defer g.Slots.Unpin(src, false)
-	held, err := gs.writeDown(g, src, true)
-	if err != nil {
-		return nil, nil, err
+	// Another writer (the demoter, or a chain promotion) may hold k's host
+	// slot reserved: wait for it to commit or abort (src stays pinned, so
+	// the GPU copy outlives it), rather than answer an error for a block
+	// that is cached.
+	deadline := time.Now().Add(time.Second)
+	for {
+		held, err := gs.writeDown(g, src, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		if held != nil {
+			gs.toHost.Add(1)
+			return host, held, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, nil, fmt.Errorf("%w: %s: its host copy is still being written", ErrGPUCopy, k.Hash)
+		}
+		time.Sleep(50 * time.Microsecond)
 	}
-	gs.toHost.Add(1)
-	return host, held, nil
 }
 
 // writeDown copies the pinned GPU block hd into the host tier (a no-op when
@@ -828,6 +868,8 @@ func (gs *GPUSet) demoteBatch(g *GPU, n int) (moved, failed int) {
 
 // Delete removes k from every GPU and the chain.
 func (gs *GPUSet) Delete(k Key) bool {
+	gs.tmu.Lock()
+	defer gs.tmu.Unlock()
 	gs.tombstone(func(x Key) bool { return x == k })
 	found := false
 	for _, g := range gs.GPUs {
@@ -838,6 +880,8 @@ func (gs *GPUSet) Delete(k Key) bool {
 
 // DeleteNS removes namespace ns from every tier.
 func (gs *GPUSet) DeleteNS(ns uint32) int {
+	gs.tmu.Lock()
+	defer gs.tmu.Unlock()
 	gs.tombstone(func(x Key) bool { return x.NS == ns })
 	n := gs.Chain.DeleteNS(ns)
 	for _, g := range gs.GPUs {

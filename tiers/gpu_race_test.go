@@ -1,0 +1,289 @@
+//go:build !cuda
+
+package tiers
+
+import (
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// inFrame reports whether some goroutine's stack has a frame of fn.
+func inFrame(fn string) bool {
+	buf := make([]byte, 1<<20)
+	return strings.Contains(string(buf[:runtime.Stack(buf, true)]), fn)
+}
+
+// inGoroutine reports whether some goroutine's stack has frames of all fns.
+func inGoroutine(fns ...string) bool {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		all := true
+		for _, fn := range fns {
+			all = all && strings.Contains(g, fn)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// A promotion host → GPU that starts after Delete's tombstone pass but pins
+// the host copy before Delete reaches the host tier commits the block to the
+// GPU after Delete already swept the GPUs: the deleted block comes back.
+func TestGPUDeleteRacesPromotion(t *testing.T) {
+	r := newGPURig(t, true)
+	k := chainKey(40, 1)
+	r.put(t, k, -1) // host only
+	// Hold the chain's lock: Delete stops in Chain.Delete, after its
+	// tombstone pass and its sweep of the GPU arenas, before the host tier.
+	r.c.mu.Lock()
+	deleted := make(chan bool, 1)
+	go func() { deleted <- r.gs.Delete(k) }()
+	waitFor(t, "Delete to reach the chain", func() bool { return inFrame("tiers.(*Chain).Delete(") })
+	// A device reader on GPU 0 now: its promotion pins the host copy and
+	// commits a GPU copy (it takes no chain lock), unless it has to wait
+	// for the Delete (a fixed tier).
+	type res struct {
+		hd  *Handle
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		hd, err := r.acquire(t, k, 0, true)
+		got <- res{hd, err}
+	}()
+	var x res
+	var early bool
+	waitFor(t, "the promotion to finish or wait for the Delete", func() bool {
+		select {
+		case x = <-got:
+			early = true
+			return true
+		default:
+			return inFrame("tiers.(*GPUSet).track(")
+		}
+	})
+	r.c.mu.Unlock()
+	if !<-deleted {
+		t.Fatal("delete found nothing")
+	}
+	if !early {
+		x = <-got
+	}
+	if x.err == nil {
+		x.hd.Owner().Release(x.hd)
+	}
+	for i, g := range r.gs.GPUs {
+		if g.Slots.Present(k) {
+			t.Errorf("gpu %d still holds the block after Delete returned", i)
+		}
+	}
+	if r.h.Present(k) {
+		t.Error("host still holds the block after Delete returned")
+	}
+}
+
+// The same for a demotion GPU → host: Delete's tombstone pass runs before
+// the demoter tracks its copy, Delete's GPU sweep and host sweep run while
+// the copy is in flight (the host holds only the demoter's reservation, which
+// Delete skips), and the commit brings the deleted block back into the host
+// tier.
+func TestGPUDeleteRacesDemotion(t *testing.T) {
+	r := newGPURig(t, false)
+	g0, g1 := r.gs.GPUs[0], r.gs.GPUs[1]
+	k := chainKey(41, 1)
+	if at := r.put(t, k, 1); at != g1.Slots {
+		t.Fatal("put did not land on GPU 1")
+	}
+	// Delete stops at its sweep of GPU 0 (k lives on GPU 1), after its
+	// tombstone pass.
+	g0.Slots.mu.Lock()
+	var once sync.Once
+	unlock := func() { once.Do(g0.Slots.mu.Unlock) }
+	deleted := make(chan bool, 1)
+	go func() { deleted <- r.gs.Delete(k) }()
+	waitFor(t, "Delete to reach the GPU sweep", func() bool { return inFrame("tiers.(*Host).Delete(") })
+	// The demoter has copied k into its host reservation: let Delete run to
+	// its end before the commit.
+	var res bool
+	var waited bool
+	r.gs.copied = func(Key) {
+		unlock()
+		res, waited = <-deleted, true
+	}
+	done := make(chan struct{})
+	go func() {
+		r.gs.demoteBatch(g1, 8)
+		close(done)
+	}()
+	waitFor(t, "the demotion to copy or wait for the Delete", func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return inFrame("tiers.(*GPUSet).track(") || inFrame("tiers.(*GPUSet).commitCopy(")
+		}
+	})
+	unlock()
+	<-done
+	if !waited {
+		res = <-deleted
+	}
+	if !res {
+		t.Fatal("delete found nothing")
+	}
+	for i, g := range r.gs.GPUs {
+		if g.Slots.Present(k) {
+			t.Errorf("gpu %d still holds the block after Delete returned", i)
+		}
+	}
+	if r.h.Present(k) {
+		t.Error("host holds the block after Delete returned")
+	}
+}
+
+// A host reader of a GPU block that the demoter is writing down at that
+// moment gets an error, not a lease: viaHost's writeDown finds the host slot
+// reserved (by the demoter), returns no pin, and startMove's Pin of the
+// still-reserved host copy fails. The block is cached all along (on the GPU,
+// and in the host tier a moment later).
+func TestGPUHostReadDuringDemotion(t *testing.T) {
+	r := newGPURig(t, true)
+	g0 := r.gs.GPUs[0]
+	k := chainKey(42, 1)
+	if at := r.put(t, k, 0); at != g0.Slots {
+		t.Fatal("put did not land on GPU 0")
+	}
+	type res struct {
+		hd  *Handle
+		err error
+	}
+	got := make(chan res, 1)
+	r.gs.copied = func(Key) {
+		// The demoter holds k's host slot reserved, its copy done and its
+		// commit next: a host reader comes now. Let the demoter commit once
+		// the read was answered or waits for the demoter (a fixed tier).
+		go func() {
+			hd, err := r.acquire(t, k, -1, false)
+			got <- res{hd, err}
+		}()
+		waitFor(t, "the read to be answered or to wait", func() bool {
+			return len(got) > 0 || inGoroutine("time.Sleep(", "tiers.(*GPUSet).viaHost(")
+		})
+	}
+	r.gs.demoteBatch(g0, 8)
+	r.gs.copied = nil
+	x := <-got
+	leased, err := x.hd, x.err
+	if err != nil {
+		t.Fatalf("host read of a cached block during its demotion: %v", err)
+	}
+	leased.Owner().Release(leased)
+}
+
+// DeleteNS: the tombstone pass runs before a promotion tracks its copy; the
+// promotion pins the host copy before DeleteNS sweeps the host tier and
+// commits to the GPU after DeleteNS swept the GPUs (which skip its
+// reservation): the namespace's block comes back on the GPU.
+func TestGPUDeleteNSRacesPromotion(t *testing.T) {
+	r := newGPURig(t, true)
+	k := chainKey(43, 1)
+	r.put(t, k, -1) // host only
+	r.c.mu.Lock()   // DeleteNS stops in Chain.DeleteNS, after its tombstone pass
+	var once sync.Once
+	unlock := func() { once.Do(r.c.mu.Unlock) }
+	deleted := make(chan int, 1)
+	go func() { deleted <- r.gs.DeleteNS(k.NS) }()
+	waitFor(t, "DeleteNS to reach the chain", func() bool { return inFrame("tiers.(*Chain).DeleteNS(") })
+	var n int
+	var waited bool
+	r.gs.copied = func(Key) { // the promotion copied k into its GPU reservation
+		unlock()
+		n, waited = <-deleted, true
+	}
+	type res struct {
+		hd  *Handle
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		hd, err := r.acquire(t, k, 0, true)
+		got <- res{hd, err}
+	}()
+	waitFor(t, "the promotion to copy or wait for DeleteNS", func() bool {
+		return len(got) > 0 || inFrame("tiers.(*GPUSet).track(") || inFrame("tiers.(*GPUSet).commitCopy(")
+	})
+	unlock()
+	x := <-got
+	if !waited {
+		n = <-deleted
+	}
+	if x.err == nil {
+		x.hd.Owner().Release(x.hd)
+	}
+	if n != 1 {
+		t.Fatalf("DeleteNS removed %d blocks", n)
+	}
+	for i, g := range r.gs.GPUs {
+		if g.Slots.Present(k) {
+			t.Errorf("gpu %d holds a block of the namespace after DeleteNS returned", i)
+		}
+	}
+	if r.h.Present(k) {
+		t.Error("host holds a block of the namespace after DeleteNS returned")
+	}
+}
+
+// TestGPUWaitRunsHandedOffMoves: moves handed to a full job queue by a
+// goroutine are run by Wait, also when that goroutine sends after Wait
+// found the queue empty, and a move asked for after Wait fails at once:
+// every waiter is answered exactly once.
+func TestGPUWaitRunsHandedOffMoves(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // the handoff runs late
+	r := newGPURig(t, false)
+	r.gs.jobs = make(chan func(), 1)
+	keys := []Key{chainKey(44, 1), chainKey(44, 2), chainKey(44, 3)}
+	for _, k := range keys {
+		r.put(t, k, -1) // host only: a device read promotes it
+	}
+	answers := make(chan error, len(keys)+1)
+	for _, k := range keys {
+		hd, ok := r.gs.Acquire(k, gpuBlock, 0, true, func(hd *Handle, err error) {
+			if hd != nil {
+				hd.Owner().Release(hd)
+			}
+			answers <- err
+		})
+		if hd != nil || !ok {
+			t.Fatalf("acquire %v: want a deferred move", k)
+		}
+	}
+	r.gs.Wait() // no workers: Wait runs the queue
+	for i := range keys {
+		select {
+		case err := <-answers:
+			if err != nil {
+				t.Errorf("move %d: %v", i, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d waiters never answered after Wait", len(keys)-i, len(keys))
+		}
+	}
+	late := chainKey(44, 4)
+	r.put(t, late, -1)
+	if hd, ok := r.gs.Acquire(late, gpuBlock, 0, true, func(_ *Handle, err error) { answers <- err }); hd != nil || !ok {
+		t.Fatal("acquire after Wait: want a deferred answer")
+	}
+	select {
+	case err := <-answers:
+		if err == nil {
+			t.Fatal("a move after Wait succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a move asked for after Wait was never answered")
+	}
+}
