@@ -116,7 +116,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("create host arena: %w", err)
 	}
 	if cfg.Host.HugePages && !d.arena.Huge {
-		log.Warn("hugepages requested but unavailable; host arena uses normal pages")
+		log.Warn("hugepages requested but transparent huge pages are off for shared memory (/sys/kernel/mm/transparent_hugepage/shmem_enabled); host arena uses normal pages")
 	}
 	d.host, err = tiers.NewHost(d.arena.Bytes(), tiers.HostConfig{SlabBytes: int64(cfg.Host.SlabBytes), Align: hostAlign})
 	if err != nil {
@@ -270,7 +270,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.gpus.Start(chainCtx)
 	}
 	defer d.runProbes(ctx)() // exit events, pressure controller (ebpf.go)
-	if d.cfg.Host.Prefault && !d.arena.Huge {
+	if d.cfg.Host.Prefault {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()

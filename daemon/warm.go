@@ -118,9 +118,11 @@ func mapStoredArena(f *os.File, capacity int64) (*shm.Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	var st unix.Statfs_t
-	if unix.Fstatfs(r.Fd(), &st) == nil && st.Type == unix.HUGETLBFS_MAGIC {
-		r.Huge = true
+	if shm.IsHugeTLB(r.Fd()) {
+		// Kept by an older kvtierd: a client's hole punch in it could
+		// SIGBUS the daemon (shm.CreateRegion). Start with a new arena.
+		r.Close()
+		return nil, errors.New("stored arena is hugetlbfs-backed")
 	}
 	return r, nil
 }

@@ -3,6 +3,8 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,24 +19,54 @@ const RequiredSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 type Region struct {
 	fd   int
 	mem  []byte
-	Huge bool // backed by hugetlb pages
+	Huge bool // transparent huge pages asked for, and enabled for shared memory
 }
 
 // CreateRegion makes a sealed memfd of size bytes and maps it. With huge set
-// it tries MFD_HUGETLB first and falls back to normal pages (size must then
-// be a multiple of the huge page size for the first attempt to succeed).
+// it asks for transparent huge pages (MADV_HUGEPAGE), which the kernel uses
+// where /sys/kernel/mm/transparent_hugepage/shmem_enabled allows them.
+//
+// It never uses MFD_HUGETLB: every peer holds the memfd read-write, and no
+// seal short of F_SEAL_WRITE stops fallocate(FALLOC_FL_PUNCH_HOLE). On
+// hugetlbfs a punched hole returns its pages to the pool, and once anyone
+// takes them the owner's next touch of the hole is SIGBUS, fatal to a Go
+// process. On shmem the touch allocates a fresh (zero) page.
 func CreateRegion(name string, size int64, huge bool) (*Region, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("create region %s: invalid size %d", name, size)
 	}
-	if huge {
-		r, err := createRegion(name, size, unix.MFD_HUGETLB)
-		if err == nil {
-			r.Huge = true
-			return r, nil
-		}
+	r, err := createRegion(name, size, 0)
+	if err != nil || !huge {
+		return r, err
 	}
-	return createRegion(name, size, 0)
+	r.Huge = unix.Madvise(r.mem, unix.MADV_HUGEPAGE) == nil && shmemTHP()
+	return r, nil
+}
+
+// shmemTHP reports whether the kernel gives shared memory transparent huge
+// pages when asked (mode always, within_size, advise or force).
+func shmemTHP() bool {
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i, j := strings.IndexByte(s, '['), strings.IndexByte(s, ']')
+	if i < 0 || j < i {
+		return false
+	}
+	switch s[i+1 : j] {
+	case "always", "within_size", "advise", "force":
+		return true
+	}
+	return false
+}
+
+// IsHugeTLB reports whether fd is a hugetlbfs file, which must not be
+// shared with peers (see CreateRegion).
+func IsHugeTLB(fd int) bool {
+	var st unix.Statfs_t
+	return unix.Fstatfs(fd, &st) == nil && st.Type == unix.HUGETLBFS_MAGIC
 }
 
 func createRegion(name string, size int64, extra int) (*Region, error) {
