@@ -186,6 +186,13 @@ func (d *Daemon) watchClient(s *session) {
 		return
 	}
 	s.watched = true
+	// A death before the pid entered the tracer's filter produced no
+	// event: the process that connected may be gone already while another
+	// (a forked child) holds the socket and completed the handshake.
+	if processExited(s.pid) {
+		s.log.Info("client process exited before its session was watched; freeing the session", "pid", s.pid)
+		s.stop()
+	}
 }
 
 // unwatchClient removes a closed session's pid from the filter.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/ebpf"
 	"github.com/kvtier/kvtier/internal/bpfcaps"
+	"github.com/kvtier/kvtier/shm"
 )
 
 // requireBPF skips unless eBPF programs can load here (root, kernel BTF).
@@ -482,4 +484,103 @@ func TestPressureDemotes(t *testing.T) {
 		t.Errorf("get of a demoted block: %v", err)
 	}
 	s.Close()
+}
+
+const passConnEnv = "KVTIER_TEST_PASS_CONN" // socket path
+
+// TestPassConnHelper is not a test: the connecting process of
+// TestEarlyDeathWatched. It connects to the daemon (so SO_PEERCRED
+// names it), hands the connected socket to its parent over fd 3 (as a
+// forked child inherits it) and exits.
+func TestPassConnHelper(t *testing.T) {
+	sock := os.Getenv(passConnEnv)
+	if sock == "" {
+		t.Skip("helper process of TestEarlyDeathWatched")
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		os.Exit(2)
+	}
+	f, _ := c.File()
+	if err := unix.Sendmsg(3, []byte{1}, unix.UnixRights(int(f.Fd())), nil, 0); err != nil {
+		os.Exit(3)
+	}
+	os.Exit(0)
+}
+
+// TestEarlyDeathWatched: the process that connected (the pid the exit
+// tracer watches) dies before its session is watched, while another process
+// holds the socket (a forked child) and completes the handshake. The session
+// belongs to a dead pid: with the exit tracer loaded it must be stopped
+// promptly, as when the death comes a moment later (TestClientExit).
+func TestEarlyDeathWatched(t *testing.T) {
+	requireBPF(t)
+	cfg := testConfig(t)
+	r := startDaemon(t, cfg, nil)
+	if !r.d.probes.enabled()[ebpf.ProgExit] {
+		t.Skip("exit tracer did not load")
+	}
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(sp[0])
+	child := os.NewFile(uintptr(sp[1]), "sp")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPassConnHelper$")
+	cmd.Env = append(os.Environ(), passConnEnv+"="+cfg.Socket)
+	cmd.ExtraFiles = []*os.File{child}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	child.Close()
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(sp[0], make([]byte, 1), oob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scm, _ := unix.ParseSocketControlMessage(oob[:oobn])
+	fds, err := unix.ParseUnixRights(&scm[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	deadPid := cmd.Process.Pid
+	fc, err := net.FileConn(os.NewFile(uintptr(fds[0]), "conn"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := fc.(*net.UnixConn)
+	defer conn.Close()
+	h := shm.Hello{PID: uint32(deadPid), Name: "orphan", Namespace: shm.Namespace{ModelID: "lifecycle", Layers: 1,
+		KVHeads: 1, HeadDim: 64, DType: "bf16", TokensPerBlock: 16, TPSize: 1, BlockBytes: 4096}}
+	if err := shm.SendMsg(conn, shm.EncodeMsg(shm.MsgHello, shm.ProtocolVersion, h.Encode())); err != nil {
+		t.Fatal(err)
+	}
+	raw, wfds, err := shm.RecvMsg(conn, make([]byte, 4096), shm.WelcomeFDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range wfds {
+		unix.Close(fd)
+	}
+	if typ, _, _, _ := shm.DecodeMsg(raw); typ != shm.MsgWelcome {
+		t.Fatalf("got message type %d, want a welcome", typ)
+	}
+	// The welcome goes out just before the session is registered and
+	// watched: wait for that first.
+	for t0 := time.Now(); r.d.sessionCount() == 0 && r.d.sessionsTotal.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Since(t0) > 5*time.Second {
+			t.Fatal("session never registered")
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for r.d.sessionCount() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := r.d.sessionCount(); n != 0 {
+		t.Fatalf("session of dead pid %d still open 2s after its welcome (exit filter holds %d pids): its death was missed",
+			deadPid, r.d.probes.exit.Watched())
+	}
 }
