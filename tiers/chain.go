@@ -339,10 +339,24 @@ func (c *Chain) pinVictims(n int) (out []*Handle, drop int) {
 		c.unadmitted = nil // let the backing array go
 	}
 	c.pmu.Unlock()
+	var leased []policy.Key
 	for _, k := range refused {
 		if hd, ok := c.Host.PinUnleased(fromPK(k)); ok {
 			out = append(out, hd)
+		} else if c.Host.Contains(fromPK(k)) {
+			leased = append(leased, k) // in use: still refused, ask again next pass
 		}
+	}
+	if len(leased) > 0 {
+		c.pmu.Lock()
+		for _, k := range leased {
+			_, known := c.polKeys[k]
+			if _, queued := c.unadmittedSet[k]; !known && !queued {
+				c.unadmittedSet[k] = struct{}{}
+				c.unadmitted = append(c.unadmitted, k)
+			}
+		}
+		c.pmu.Unlock()
 	}
 	drop = len(out)
 	for tries := 0; len(out) < n && tries < 4*n; tries++ {

@@ -49,6 +49,9 @@ type chainEntry struct {
 	orphan   bool   // inserted without a resident parent
 	gone     bool   // removed; children may still point at it
 	last     uint64 // logical time of the last reference
+	// resident children, linked through prev/nextSib, so that removing a
+	// block can orphan them
+	firstKid, prevSib, nextSib *chainEntry
 }
 
 // NewChain returns the policy. capacity is accepted for symmetry
@@ -90,6 +93,11 @@ func (p *Chain) Insert(k Key, a AccessInfo) {
 		if par := p.m[a.Parent]; par != nil {
 			e.parent = par
 			par.children++
+			e.nextSib = par.firstKid
+			if par.firstKid != nil {
+				par.firstKid.prevSib = e
+			}
+			par.firstKid = e
 			if par.idx >= 0 {
 				heap.Remove(&p.h, int(par.idx))
 			}
@@ -112,12 +120,29 @@ func (p *Chain) Remove(k Key) {
 		heap.Remove(&p.h, int(e.idx))
 	}
 	if par := e.parent; par != nil && !par.gone {
+		if e.prevSib != nil {
+			e.prevSib.nextSib = e.nextSib
+		} else if par.firstKid == e {
+			par.firstKid = e.nextSib
+		}
+		if e.nextSib != nil {
+			e.nextSib.prevSib = e.prevSib
+		}
 		par.children--
 		if par.children == 0 {
 			heap.Push(&p.h, par)
 		}
 	}
-	e.parent = nil // do not keep removed ancestors alive
+	// Its resident children can serve no hit now: orphans, evicted first.
+	for c := e.firstKid; c != nil; {
+		next := c.nextSib
+		c.orphan, c.parent, c.prevSib, c.nextSib = true, nil, nil, nil
+		if c.idx >= 0 {
+			heap.Fix(&p.h, int(c.idx))
+		}
+		c = next
+	}
+	e.parent, e.firstKid, e.prevSib, e.nextSib = nil, nil, nil, nil // do not keep removed blocks alive
 }
 
 // Victim implements Policy.

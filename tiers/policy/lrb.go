@@ -75,6 +75,7 @@ type LRB struct {
 	hroot hEntry      // LRU list sentinel: hroot.next = most recent
 	hlim  int         // history bound
 	pend  [dBins]fifo // unlabelled samples, one FIFO per age bin (deadlines nearly in order)
+	npend int         // samples in pend, bounded by hlim
 	horiz int
 	trX   [][lFeat]uint8
 	trY   []float32
@@ -285,11 +286,28 @@ func (p *LRB) sample() {
 	if h == nil || p.hist[h.key] != h {
 		return // dropped from the history: its reuse would not be seen
 	}
+	if p.npend >= p.hlim {
+		// A sample lives as long as its leaf's age: with old leaves that
+		// stay in a history that never fills, samples would pile up
+		// without bound.
+		return
+	}
 	a := p.clock - h.last
 	s := lSample{t: p.clock, dl: p.clock + a + 1}
 	q := ageBin(a)
 	p.features(h, &s.x)
 	seq := p.pend[q].push(s)
+	p.npend++
+	if len(h.pend) == cap(h.pend) {
+		// drop the references of samples already learned as misses
+		live := h.pend[:0]
+		for _, r := range h.pend {
+			if p.pend[r.q].get(r.seq) != nil {
+				live = append(live, r)
+			}
+		}
+		h.pend = live
+	}
 	h.pend = append(h.pend, pendRef{uint8(q), seq})
 }
 
@@ -313,6 +331,7 @@ func (p *LRB) expire() {
 			s := &f.s[f.head]
 			p.learn(&s.x, s.y) // 0 unless labelled by a reuse in time
 			f.pop()
+			p.npend--
 		}
 	}
 }
