@@ -4,7 +4,6 @@ package tiers
 
 import (
 	"bytes"
-	"context"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/shm"
-	"github.com/kvtier/kvtier/tiers/nvme"
 	"github.com/kvtier/kvtier/tiers/policy"
 )
 
@@ -354,19 +352,8 @@ func TestDeleteDuringPromotionRead(t *testing.T) {
 // it while the policy had any victim.
 func TestRefusedLeasedStaysTracked(t *testing.T) {
 	const bs = 64 << 10
-	h, err := NewHost(make([]byte, 8<<20), HostConfig{SlabBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := nvme.Open(context.Background(), nvme.Options{Dir: t.TempDir() + "/nvme", CapacityBytes: nvme.MinCapacity})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	c, err := NewChain(h, store, ChainConfig{Policy: "chain"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true, cfg: ChainConfig{Policy: "chain"}})
+	c, h := r.c, r.h
 	head := Key{NS: 1, Hash: shm.Hash{Hi: 1, Lo: 1}}
 	orphan := Key{NS: 1, Hash: shm.Hash{Hi: 2, Lo: 2}}
 	missingParent := Key{NS: 1, Hash: shm.Hash{Hi: 3, Lo: 3}}
