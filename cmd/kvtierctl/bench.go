@@ -349,7 +349,7 @@ func runBench(cmd *cobra.Command, g *globals, o benchOpts) error {
 	defer scancel()
 	if st2, err := c.Stats(sctx); err == nil {
 		if h := hostTier(st2); h != nil {
-			res.Evictions = h.Evictions - evBefore
+			res.Evictions = delta(h.Evictions, evBefore) // 0 across a daemon restart, not a wrapped count
 		}
 	}
 	if res.Memcpy != nil && res.Memcpy.GBPerSec > 0 {

@@ -269,9 +269,11 @@ func simulateTrace(reqs []trace.Request, capacities []int, names []string) (*sim
 					// The policy's size hint is the cache's capacity, as
 					// in the daemon (the trace's block count would leak
 					// knowledge of the future into ghost-list sizes). An
-					// unlimited cache (0) never evicts: any hint works.
+					// unlimited cache (0) never evicts: any hint works;
+					// neither does one that holds every block of the
+					// trace (the policies allocate per block of hint).
 					hint := c
-					if hint == 0 {
+					if hint == 0 || hint > w.Blocks() {
 						hint = max(w.Blocks(), 1)
 					}
 					var err error
@@ -465,6 +467,7 @@ type replayWorker struct {
 
 	samples  [rKinds][]int64
 	tierHits [256]uint64
+	done     int // leading requests of reqs completed
 	refs     uint64
 	tokens   uint64
 	served   uint64
@@ -542,10 +545,15 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	if h := hostTier(before); h != nil {
 		res.HostCapBlocks = h.CapacityBytes / int64((block+slotAlign-1)/slotAlign*slotAlign)
 	}
+	// The requests completed: each session's leading share (sessions run
+	// their shares independently, so after an interrupt these are not the
+	// trace's first res.Requests requests).
 	distinct := map[int64]struct{}{}
-	for _, r := range reqs[:res.Requests] {
-		for _, id := range r.HashIDs {
-			distinct[id] = struct{}{}
+	for _, w := range ws {
+		for _, ri := range w.reqs[:w.done] {
+			for _, id := range reqs[ri].HashIDs {
+				distinct[id] = struct{}{}
+			}
 		}
 	}
 	res.DistinctBlocks = len(distinct)
@@ -594,6 +602,7 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 		if err != nil {
 			return fmt.Errorf("request %d (line %d): %w", ri, r.Line, err)
 		}
+		w.done++
 		done.Add(1)
 	}
 	return nil
@@ -728,6 +737,11 @@ func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Sta
 	res.BlockHitRatio = ratio(hits, res.BlockRefs)
 	res.PrefixHitRatio = ratio(res.TokensServed, res.PromptTokens)
 
+	// A daemon restarted during the run (the sessions reconnect) counts
+	// from zero: its counters are all from the run; the old one's are lost.
+	if before.PID != after.PID {
+		before = &client.Stats{}
+	}
 	prev := map[[2]string]shm.MoveStats{}
 	for _, m := range before.Moves {
 		prev[[2]string{m.From, m.To}] = m
@@ -735,7 +749,7 @@ func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Sta
 	for _, m := range after.Moves {
 		p := prev[[2]string{m.From, m.To}]
 		res.Moves = append(res.Moves, moveDelta{From: m.From, To: m.To,
-			Blocks: m.Blocks - p.Blocks, Bytes: m.Bytes - p.Bytes, Errors: m.Errors - p.Errors})
+			Blocks: delta(m.Blocks, p.Blocks), Bytes: delta(m.Bytes, p.Bytes), Errors: delta(m.Errors, p.Errors)})
 	}
 	ev := map[string]uint64{}
 	for _, t := range before.Tiers {
@@ -743,7 +757,7 @@ func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Sta
 	}
 	res.Evictions = map[string]uint64{}
 	for _, t := range after.Tiers {
-		res.Evictions[t.Name] = t.Evictions - ev[t.Name]
+		res.Evictions[t.Name] = delta(t.Evictions, ev[t.Name])
 	}
 	res.Latency = map[string]latency{}
 	for k := range all {

@@ -295,7 +295,7 @@ Rates are the difference of two samples over the time between them.
 			if f, ok := w.(*os.File); ok && !g.json && !once && term.IsTerminal(int(f.Fd())) {
 				fancy = true
 			}
-			return runTop(ctx, g, c, w, interval, once, fancy)
+			return runTop(ctx, g, c, w, cmd.ErrOrStderr(), interval, once, fancy)
 		},
 	}
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "time between samples")
@@ -303,7 +303,7 @@ Rates are the difference of two samples over the time between them.
 	return cmd
 }
 
-func runTop(ctx context.Context, g *globals, c *client.Client, w io.Writer, interval time.Duration, once, fancy bool) error {
+func runTop(ctx context.Context, g *globals, c *client.Client, w, errw io.Writer, interval time.Duration, once, fancy bool) error {
 	sample := func() (*shm.Stats, time.Time, error) {
 		sctx, cancel := g.ctx(ctx)
 		defer cancel()
@@ -344,9 +344,16 @@ func runTop(ctx context.Context, g *globals, c *client.Client, w io.Writer, inte
 		switch {
 		case err != nil && once:
 			return err
+		case err != nil && ctx.Err() != nil:
+			return nil // Ctrl-C during the sample
 		case err != nil:
-			// Keep watching: the daemon may be restarting.
-			fmt.Fprintf(&buf, "%s  %v\n", at.Format("15:04:05"), err)
+			// Keep watching: the daemon may be restarting. --json keeps
+			// stdout to one frame object per line: the error goes to stderr.
+			if g.json {
+				fmt.Fprintf(errw, "%s  %v\n", at.Format("15:04:05"), err)
+			} else {
+				fmt.Fprintf(&buf, "%s  %v\n", at.Format("15:04:05"), err)
+			}
 			prev = nil
 		default:
 			f := computeTopFrame(prev, cur, at.Sub(prevAt), at)

@@ -1,0 +1,215 @@
+package main
+
+// kvtierctl against a daemon that dies or restarts mid-command, and
+// inputs at the edges.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/daemon"
+	"github.com/kvtier/kvtier/tiers/trace"
+)
+
+// restartableDaemon runs an in-process daemon (host tier of hostMiB, no NVMe) in
+// dir and returns its socket and a func that stops it (idempotent). Two
+// daemons started on the same dir one after the other share the socket: a
+// restart.
+func restartableDaemon(t *testing.T, dir string, hostMiB int) (string, func()) {
+	t.Helper()
+	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", "", "-no-nvme"}
+	cfg, err := daemon.LoadFromArgs(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host.SlabBytes = 16 << 20
+	cfg.Host.Capacity = daemon.ByteSize(hostMiB) << 20
+	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return cfg.Socket, stop
+}
+
+// runCtx executes one kvtierctl command line under ctx.
+func runCtx(ctx context.Context, args ...string) (string, string, error) {
+	var out, errOut bytes.Buffer
+	cmd := newRootCmd()
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	err := cmd.ExecuteContext(ctx)
+	return out.String(), errOut.String(), err
+}
+
+// top --json promises one JSON object per line on stdout. When the daemon
+// goes away mid-run, top keeps watching, but writes its error as plain text
+// into the same stream, so a consumer of the JSON lines breaks.
+func TestTopJSONStaysJSONWhenDaemonDies(t *testing.T) {
+	sock, stop := restartableDaemon(t, t.TempDir(), 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		out, errOut string
+		err         error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, errOut, err := runCtx(ctx, "top", "--json", "--interval", "50ms", "--socket", sock)
+		done <- result{out, errOut, err}
+	}()
+	time.Sleep(300 * time.Millisecond) // a few frames
+	stop()                             // the daemon dies
+	time.Sleep(300 * time.Millisecond) // a few failed samples
+	cancel()                           // Ctrl-C
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("top after Ctrl-C: %v", r.err)
+	}
+	frames := 0
+	for i, line := range strings.Split(strings.TrimSpace(r.out), "\n") {
+		var f topFrame
+		if err := json.Unmarshal([]byte(line), &f); err != nil {
+			t.Errorf("stdout line %d of top --json is not JSON (%v): %q", i+1, err, line)
+			continue
+		}
+		frames++
+	}
+	if frames == 0 {
+		t.Errorf("no JSON frame at all:\n%s", r.out)
+	}
+}
+
+// An interrupted replay with several sessions reports distinct_blocks of
+// the first `requests` requests of the trace, not of the requests that
+// completed: sessions run their shares independently, so those differ.
+func TestReplayInterruptedDistinctBlocks(t *testing.T) {
+	sock, _ := restartableDaemon(t, t.TempDir(), 64)
+	// Sessions: requests 0 and 2 go to session 0, 1 and 3 to session 1
+	// (round-robin). Request 2 is due 10 minutes in, so at the interrupt
+	// requests 0, 1 and 3 have completed (blocks 1, 2, 6), not 0, 1 and 2.
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 512, HashIDs: []int64{1}},
+		{Timestamp: 0, InputLength: 512, HashIDs: []int64{2}},
+		{Timestamp: 600000, InputLength: 1536, HashIDs: []int64{3, 4, 5}},
+		{Timestamp: 10, InputLength: 512, HashIDs: []int64{6}},
+	}
+	path := writeTrace(t, reqs)
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // the "Ctrl-C"
+	defer cancel()
+	out, _, err := runCtx(ctx, "replay", "--json", "--socket", sock, "--block-size", "16KiB", "--fresh",
+		"--sessions", "2", "--speed", "1", path)
+	if err == nil {
+		t.Fatal("interrupted replay exited 0")
+	}
+	var res replayResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("replay --json: %v\n%s", err, out)
+	}
+	if !res.Interrupted || res.Requests != 3 || res.BlockRefs != 3 {
+		t.Fatalf("interrupted %v, %d requests, %d block refs; want true, 3, 3", res.Interrupted, res.Requests, res.BlockRefs)
+	}
+	if res.DistinctBlocks != 3 {
+		t.Errorf("distinct_blocks = %d for the 3 completed requests (blocks 1, 2, 6); want 3", res.DistinctBlocks)
+	}
+}
+
+// A replay survives a daemon restart between requests (its sessions
+// reconnect), but its daemon-wide deltas subtract the old daemon's counters
+// from the new one's: unsigned wrap-around to ~1.8e19.
+func TestReplayAcrossDaemonRestart(t *testing.T) {
+	dir := t.TempDir()
+	sock, stopA := restartableDaemon(t, dir, 16)
+	// 400 blocks of 64 KiB into a 16 MiB host tier (one slab): the daemon
+	// evicts, so its eviction counter is well above 0.
+	s := putBlocks(t, sock, 7, 400)
+	_ = s
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 512, HashIDs: []int64{1}},
+		{Timestamp: 2000, InputLength: 512, HashIDs: []int64{2}},
+	}
+	path := writeTrace(t, reqs)
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, _, err := runCtx(context.Background(), "replay", "--json", "--socket", sock, "--block-size", "16KiB",
+			"--fresh", "--speed", "1", path)
+		done <- result{out, err}
+	}()
+	time.Sleep(700 * time.Millisecond) // first request done, second due at 2s
+	stopA()
+	restartableDaemon(t, dir, 16) // the daemon restarts on the same socket
+	r := <-done
+	if r.err != nil {
+		t.Skipf("replay did not survive the restart: %v", r.err)
+	}
+	var res replayResult
+	if err := json.Unmarshal([]byte(r.out), &res); err != nil {
+		t.Fatalf("replay --json: %v\n%s", err, r.out)
+	}
+	if res.Requests != 2 {
+		t.Fatalf("%d requests", res.Requests)
+	}
+	for tier, n := range res.Evictions {
+		if n > 1<<40 {
+			t.Errorf("evictions during the run in %s = %d: a wrapped difference of two daemons' counters", tier, n)
+		}
+	}
+	for _, m := range res.Moves {
+		if m.Blocks > 1<<40 || m.Bytes > 1<<50 {
+			t.Errorf("move %+v: wrapped", m)
+		}
+	}
+}
+
+// replay --simulate with a --capacity-blocks far beyond the trace's size
+// must answer (such a cache never evicts: it is the unlimited one) or refuse
+// with an error; the policies preallocate per block of capacity, so kvtierctl
+// panics instead (makeslice: len out of range), killing the process with a
+// stack trace. The command runs in a child process so that the panic shows
+// as this test's failure.
+func TestSimulateHugeCapacity(t *testing.T) {
+	if os.Getenv("KVTIER_TEST_SIM_CHILD") != "" {
+		_, err := run(t, "replay", "--simulate", "--json", "--capacity-blocks", os.Getenv("KVTIER_TEST_SIM_CHILD"), os.Getenv("KVTIER_TEST_SIM_TRACE"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "clean error:", err)
+		}
+		return
+	}
+	path := writeTrace(t, trace.Chat(1, 20))
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSimulateHugeCapacity$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "KVTIER_TEST_SIM_CHILD=4611686018427387904", "KVTIER_TEST_SIM_TRACE="+path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		lines := strings.SplitN(string(out), "\n", 6)
+		t.Fatalf("replay --simulate --capacity-blocks 2^62: child died (%v):\n%s", err, strings.Join(lines[:min(len(lines), 5)], "\n"))
+	}
+}
