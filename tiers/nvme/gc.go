@@ -105,7 +105,7 @@ func (s *Store) runGC(ctx context.Context, ratio float64) {
 		// bytes would not fit under the capacity meanwhile. Once the disk
 		// is over the capacity already (SetCapacity shrank it), compacting
 		// is the way back under: then it only needs the filesystem's room.
-		disk, live, capacity := s.diskMeasured.Load()+s.writtenSince.Load(), c.sg.live.Load(), s.capacity()
+		disk, live, capacity := s.diskMeasured.Load()+s.writtenSince.Load()+s.admitted.Load(), c.sg.live.Load(), s.capacity()
 		if disk+live > capacity && (disk <= capacity || live > s.fsAvail.Load()-fsReserve) {
 			continue
 		}
@@ -268,7 +268,7 @@ func (s *Store) evictDown() {
 	for {
 		s.mu.Lock()
 		over := s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
-		vs := s.pickVictimsLocked(over, nil, nil)
+		vs, _ := s.pickVictimsLocked(over, nil, nil)
 		s.mu.Unlock()
 		if len(vs) == 0 {
 			return

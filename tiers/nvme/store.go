@@ -153,6 +153,7 @@ type Store struct {
 	diskMeasured atomic.Int64
 	fsAvail      atomic.Int64 // free bytes on the filesystem, last measurement
 	writtenSince atomic.Int64 // bytes put since the last measurement
+	admitted     atomic.Int64 // bytes waitRoom let in whose writes are not in writtenSince yet
 
 	hits, misses, checksumMisses, evictions, puts, noSpace, gcRuns, moved atomic.Uint64
 
@@ -585,6 +586,7 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte) error {
 	if err := s.waitRoom(need); err != nil {
 		return err
 	}
+	defer s.admitted.Add(-need) // counted in writtenSince by then, or not written
 
 	kbs := make([][keyLen]byte, len(keys))
 	recs := make([]record, len(keys))
@@ -636,7 +638,20 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte) error {
 			over -= charged(olds[i].size)
 		}
 	}
-	victims := s.pickVictimsLocked(over, func(k Key) bool { return slices.Contains(keys, k) }, &held)
+	victims, pinned := s.pickVictimsLocked(over, func(k Key) bool { return slices.Contains(keys, k) }, &held)
+	if pinned {
+		// Unevictable blocks fill the budget: refuse, evicting nothing.
+		for j := len(victims) - 1; j >= 0; j-- {
+			s.idx.put(victims[j].key, victims[j].size, victims[j].seg, true)
+		}
+		s.mu.Unlock()
+		s.unlockVictims(victims, &held)
+		if hashed != nil {
+			<-hashed
+		}
+		s.noSpace.Add(1)
+		return fmt.Errorf("%w: unevictable blocks fill the budget", ErrNoSpace)
+	}
 	s.mu.Unlock()
 
 	offs := make([]int64, len(keys))
@@ -723,33 +738,41 @@ type victim struct {
 // (except those in held, which the caller holds; held may be nil). Entries
 // for which exclude reports true (the keys being written) and entries
 // whose stripe is busy (someone is writing or deleting them right now)
-// are skipped. Requires s.mu.
-func (s *Store) pickVictimsLocked(over int64, exclude func(Key) bool, held *[nStripes]bool) []victim {
+// are skipped. pinned reports that evicting every other evictable entry
+// would still leave the total over by the charge of Unevictable entries
+// (they fill the budget). Requires s.mu.
+func (s *Store) pickVictimsLocked(over int64, exclude func(Key) bool, held *[nStripes]bool) (vs []victim, pinned bool) {
 	if over <= 0 {
-		return nil
+		return nil, false
 	}
-	var vs []victim
 	var locked [nStripes]bool
-	for i := s.idx.tail; i != nilIdx && over > 0 && len(vs) < maxVictimsPerPut; {
+	busy, unevictable := false, false
+	i := s.idx.tail
+	for ; i != nilIdx && over > 0 && len(vs) < maxVictimsPerPut; i = s.idx.ents[i].prev {
 		e := s.idx.ents[i]
-		prev := e.prev
-		if (exclude == nil || !exclude(e.key)) && (s.opts.Unevictable == nil || !s.opts.Unevictable(e.key)) {
-			st := stripeOf(e.key)
-			ok := (held != nil && held[st]) || locked[st]
-			if !ok && s.stripes[st].TryLock() {
-				locked[st], ok = true, true
-			}
-			if ok {
-				vs = append(vs, victim{e.key, e.size, e.seg, st})
-				over -= charged(e.size)
-			}
+		if exclude != nil && exclude(e.key) {
+			continue
 		}
-		i = prev
+		if s.opts.Unevictable != nil && s.opts.Unevictable(e.key) {
+			unevictable = true
+			continue
+		}
+		st := stripeOf(e.key)
+		ok := (held != nil && held[st]) || locked[st]
+		if !ok && s.stripes[st].TryLock() {
+			locked[st], ok = true, true
+		}
+		if ok {
+			vs = append(vs, victim{e.key, e.size, e.seg, st})
+			over -= charged(e.size)
+		} else {
+			busy = true
+		}
 	}
 	for _, v := range vs {
 		s.idx.remove(v.key)
 	}
-	return vs
+	return vs, over > 0 && i == nilIdx && unevictable && !busy
 }
 
 // unlockVictims unlocks the stripes pickVictimsLocked locked.
@@ -775,12 +798,16 @@ func (s *Store) wake() {
 func (s *Store) waitRoom(n int64) error {
 	deadline := time.Now().Add(time.Second)
 	for {
-		w := s.writtenSince.Load()
+		// Reserve n first: concurrent callers each see the others'
+		// admitted bytes (their writes reach writtenSince only later).
+		a := s.admitted.Add(n)
+		w := s.writtenSince.Load() + a
 		est := s.diskMeasured.Load() + w
-		if w+n > s.fsAvail.Load()-fsReserve {
+		if w > s.fsAvail.Load()-fsReserve {
+			s.admitted.Add(-n)
 			// The filesystem, not the budget, is full: waiting for GC would
 			// stall the caller for nothing. Look again once, then refuse.
-			if s.measure(); s.writtenSince.Load()+n > s.fsAvail.Load()-fsReserve {
+			if s.measure(); s.writtenSince.Load()+s.admitted.Load()+n > s.fsAvail.Load()-fsReserve {
 				s.noSpace.Add(1)
 				s.wake()
 				return fmt.Errorf("%w: filesystem has %d bytes free, %d kept in reserve", ErrNoSpace, s.fsAvail.Load(), int64(fsReserve))
@@ -790,9 +817,11 @@ func (s *Store) waitRoom(n int64) error {
 		// Headroom: badger's files (memtable WAL, tables) grow between
 		// measurements by more than the per-block charge accounts for.
 		capacity := s.capacity()
-		if est+n <= capacity-min(s.segFileSize/4, capacity/32) {
-			return nil
+		if est <= capacity-min(s.segFileSize/4, capacity/32) {
+			return nil // the caller gives back n from admitted
 		}
+		s.admitted.Add(-n)
+		est -= n
 		left := time.Until(deadline)
 		if left <= 0 {
 			s.noSpace.Add(1)
