@@ -74,10 +74,30 @@ type session struct {
 	// pending maps the blocks the last lookup missed to their place in its
 	// chain, for the replacement policy when they are put.
 	pending map[tiers.Key]policy.AccessInfo
+	// maxTokens bounds the reservations and leases the session holds (with
+	// the acquires still outstanding): leases on one block are not limited
+	// by any tier's capacity, so without it every acquire of the same block
+	// would grow s.leases for good.
+	maxTokens int
 }
 
 // maxPendingInfo bounds the per-session memory of a lookup's misses.
 const maxPendingInfo = 4096
+
+// maxHeldTokens caps maxTokens whatever the tiers' sizes.
+const maxHeldTokens = 1 << 20
+
+// tokenLimit is how many reservations and leases a session of blockBytes
+// blocks may hold: one per block the tiers can hold, plus a ring's worth.
+func (d *Daemon) tokenLimit(blockBytes int64, entries int) int {
+	n := d.arena.Size() / blockBytes
+	if d.gpus != nil {
+		for _, g := range d.gpus.GPUs {
+			n += g.Arena.Size() / blockBytes
+		}
+	}
+	return int(min(n+int64(entries), maxHeldTokens))
+}
 
 // deferredCQE is a completion produced off the ring loop.
 type deferredCQE struct {
@@ -94,12 +114,8 @@ const deferredWait = 10 * time.Second
 // sends the Welcome with the arena and ring fds. On failure it refuses the
 // peer with a reason and returns an error.
 func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log *slog.Logger) (*session, error) {
-	nsID, err := d.reg.Register(h.Namespace)
-	if err != nil {
-		log.Warn("namespace refused", "err", err)
-		d.refuse(c, shm.CodeNamespace, err.Error())
-		return nil, err
-	}
+	// Everything that can refuse the peer comes before Register, which
+	// spends a namespace id for good (and rewrites the registry file).
 	if int64(h.Namespace.BlockBytes) > int64(d.cfg.Host.SlabBytes) {
 		err := fmt.Errorf("block_bytes %d exceeds the host tier's slab size %d", h.Namespace.BlockBytes, d.cfg.Host.SlabBytes)
 		d.refuse(c, shm.CodeNamespace, err.Error())
@@ -127,6 +143,12 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 			d.mu.Unlock()
 		}
 	}()
+	nsID, err := d.reg.Register(h.Namespace)
+	if err != nil {
+		log.Warn("namespace refused", "err", err)
+		d.refuse(c, shm.CodeNamespace, err.Error())
+		return nil, err
+	}
 
 	region, err := shm.CreateRegion(fmt.Sprintf("kvtier-session-%d", id), layout.Size(), false)
 	if err != nil {
@@ -146,8 +168,9 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		spin:   time.Duration(d.cfg.Session.SpinMicros) * time.Microsecond,
 		pacer:  shm.Pacer{Yielding: true, Share: d.crowded}, // spin only while the CPU is otherwise idle
 		stopCh: make(chan struct{}), res: map[uint64]*tiers.Handle{}, leases: map[uint64]*tiers.Handle{},
-		deferred: make(chan deferredCQE, layout.Entries),
-		pending:  map[tiers.Key]policy.AccessInfo{},
+		deferred:  make(chan deferredCQE, layout.Entries),
+		pending:   map[tiers.Key]policy.AccessInfo{},
+		maxTokens: d.tokenLimit(int64(h.Namespace.BlockBytes), int(layout.Entries)),
 	}
 	w := shm.Welcome{
 		SessionID: id, NamespaceID: nsID, BlockBytes: h.Namespace.BlockBytes,
@@ -466,6 +489,10 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 	case shm.OpLookup:
 		return false, s.lookup(e, c)
 	case shm.OpReserve:
+		if s.tokensFull() {
+			c.Status = shm.StatusFull
+			return false, nil
+		}
 		var h *tiers.Handle
 		var err error
 		if gpus != nil {
@@ -526,6 +553,10 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 			c.Status = shm.StatusInternal
 		}
 	case shm.OpAcquire:
+		if s.tokensFull() {
+			c.Status = shm.StatusFull
+			return false, nil
+		}
 		ud := e.UserData
 		done := func(hd *tiers.Handle, err error) {
 			s.deferred <- deferredCQE{userData: ud, hd: hd, err: err}
@@ -569,6 +600,12 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 		}
 	}
 	return false, nil
+}
+
+// tokensFull reports whether the session holds as many reservations and
+// leases (granted or owed by a promotion) as it may.
+func (s *session) tokensFull() bool {
+	return len(s.res)+len(s.leases)+s.outstanding >= s.maxTokens
 }
 
 // lookup copies the chain out of the data area once, probes the index and

@@ -1,0 +1,187 @@
+package daemon
+
+// A hostile session peer on a raw socket and a raw ring.
+
+import (
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+// rawPeer is a hostile session peer: raw socket, raw ring.
+type rawPeer struct {
+	t    *testing.T
+	conn *net.UnixConn
+	w    shm.Welcome
+	reg  *shm.Region
+	ring *shm.Ring
+}
+
+func rawHello(ns shm.Namespace) []byte {
+	h := shm.Hello{PID: uint32(os.Getpid()), Namespace: ns, Name: "raw-raw"}
+	return shm.EncodeMsg(shm.MsgHello, shm.ProtocolVersion, h.Encode())
+}
+
+func rawDial(t *testing.T, socket string) *net.UnixConn {
+	t.Helper()
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rawOpen sends a hello and reads the daemon's answer to a hello: the Welcome (mapping the
+// ring) or a refusal code.
+func rawOpen(t *testing.T, socket string, ns shm.Namespace) (*rawPeer, shm.ErrCode) {
+	t.Helper()
+	c := rawDial(t, socket)
+	if err := shm.SendMsg(c, rawHello(ns)); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	raw, fds, err := shm.RecvMsg(c, make([]byte, 64<<10), shm.WelcomeFDs)
+	if err != nil {
+		t.Fatalf("welcome: %v", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	typ, _, p, err := shm.DecodeMsg(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ == shm.MsgError {
+		e, err := shm.DecodeError(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nil, e.Code
+	}
+	if typ != shm.MsgWelcome || len(fds) != shm.WelcomeFDs {
+		t.Fatalf("welcome: type %d fds %d", typ, len(fds))
+	}
+	w, err := shm.DecodeWelcome(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fds[0])
+	reg, err := shm.MapRegion(fds[1], int64(w.RingSize), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := shm.NewRing(reg.Bytes(), w.Ring, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rawPeer{t: t, conn: c, w: w, reg: reg, ring: ring}
+	t.Cleanup(func() { c.Close(); time.Sleep(10 * time.Millisecond); reg.Close() })
+	return r, 0
+}
+
+// do submits es (at most the ring size) and waits for their completions.
+func (r *rawPeer) do(es ...shm.SQE) []shm.CQE {
+	r.t.Helper()
+	if n := r.ring.ClientPush(es); n != len(es) {
+		r.t.Fatalf("pushed %d of %d", n, len(es))
+	}
+	r.ring.ClientWake()
+	out := make([]shm.CQE, len(es))
+	got := 0
+	deadline := time.Now().Add(10 * time.Second)
+	for got < len(out) {
+		got += r.ring.ClientPop(out[got:])
+		if got < len(out) {
+			if time.Now().After(deadline) {
+				r.t.Fatalf("%d of %d completions after 10s", got, len(out))
+			}
+			r.ring.ClientWait(0, 5*time.Millisecond, nil)
+		}
+	}
+	return out
+}
+
+func rawNS(model string, bs uint64) shm.Namespace {
+	return shm.Namespace{ModelID: model, Layers: 1, KVHeads: 1, HeadDim: 64, DType: "bf16",
+		TokensPerBlock: 16, TPSize: 1, BlockBytes: bs}
+}
+
+// TestLeasesBoundedPerSession: acquiring the same committed block again and
+// again gives a new token each time and the session's lease map grows
+// without any bound: a hostile client makes the daemon allocate at will
+// (one map entry per acquire; no tier capacity limits leases on one block).
+func TestLeasesBoundedPerSession(t *testing.T) {
+	cfg := testConfig(t)
+	startDaemon(t, cfg, slog.New(slog.DiscardHandler))
+	p, code := rawOpen(t, cfg.Socket, rawNS("raw-leases", 4096))
+	if p == nil {
+		t.Fatalf("refused: %d", code)
+	}
+	h := shm.Hash{Hi: 1, Lo: 2}
+	cq := p.do(shm.SQE{Op: shm.OpReserve, Hash: h, UserData: 1})
+	if cq[0].Status != shm.StatusOK {
+		t.Fatal(cq[0].Status)
+	}
+	if cq = p.do(shm.SQE{Op: shm.OpCommit, Token: cq[0].Value, UserData: 2}); cq[0].Status != shm.StatusOK {
+		t.Fatal(cq[0].Status)
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	n := int(p.w.Ring.Entries)
+	es := make([]shm.SQE, n)
+	for i := range es {
+		es[i] = shm.SQE{Op: shm.OpAcquire, Hash: h, UserData: uint64(i + 1)}
+	}
+	const total = 1 << 18 // 262144 acquires of one 4 KiB block
+	ok := 0
+	for done := 0; done < total; done += n {
+		for _, c := range p.do(es...) {
+			if c.Status == shm.StatusOK {
+				ok++
+			}
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms1)
+	held := ok // none released: every OK acquire is a token the session keeps
+	t.Logf("%d acquires of one block: %d ok, session holds %d leases, heap grew %d MiB",
+		total, ok, held, (int64(ms1.HeapInuse)-int64(ms0.HeapInuse))>>20)
+	// The host tier holds 8 MiB / 4 KiB = 2048 blocks; a session can
+	// legitimately need a lease per block plus a ring's worth in flight.
+	bound := int(cfg.Host.Capacity)/4096 + n
+	if held > bound {
+		t.Fatalf("session holds %d leases on a single block (bound %d): tokens are unbounded", held, bound)
+	}
+}
+
+// TestRefusedHelloRegistersNothing: a hello the daemon refuses (its
+// block is larger than a slab, or the session limit is reached) still
+// registers its namespace for good: an id is spent and namespaces.json
+// rewritten and fsynced for a peer that never gets a session, so refused
+// handshakes alone can fill the registry (maxNamespaces) past restarts.
+func TestRefusedHelloRegistersNothing(t *testing.T) {
+	cfg := testConfig(t) // 1 MiB slabs
+	cfg.Session.MaxSessions = 1
+	r := startDaemon(t, cfg, slog.New(slog.DiscardHandler))
+	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-first", 4096)); p == nil {
+		t.Fatalf("first session refused: %d", code)
+	}
+	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-too-large", 2<<20)); p != nil || code != shm.CodeNamespace {
+		t.Fatalf("block over a slab: session %v code %d, want refused %d", p != nil, code, shm.CodeNamespace)
+	}
+	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-over-limit", 4096)); p != nil || code != shm.CodeBusy {
+		t.Fatalf("over the session limit: session %v code %d, want refused %d", p != nil, code, shm.CodeBusy)
+	}
+	for id, spec := range r.d.reg.All() {
+		if spec.ModelID != "raw-first" {
+			t.Errorf("refused hello registered namespace %d (%s, block_bytes %d)", id, spec.ModelID, spec.BlockBytes)
+		}
+	}
+}
