@@ -185,3 +185,36 @@ func TestRefusedHelloRegistersNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestSleepingLoopsDoNotSpin: d.spinners counts the ring loops spinning,
+// which spinLimit caps. A loop used to count itself for its futex sleep
+// too, so idle sessions asleep on their doorbells took every slot and, with
+// more loops than maxHot, no session could spin at all, however hot.
+func TestSleepingLoopsDoNotSpin(t *testing.T) {
+	cfg := testConfig(t) // spin_us 200
+	r := startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) {
+		d.maxHot, d.maxSpinners = 2, 1 // a 2-CPU host
+	})
+	for i := range 3 {
+		p, code := rawOpen(t, cfg.Socket, rawNS("raw-spin", 4096))
+		if p == nil {
+			t.Fatalf("session %d refused: %d", i, code)
+		}
+		p.do(shm.SQE{Op: shm.OpNop, UserData: 1})
+	}
+	// Every loop is idle: its spin (200 µs, at most 20x that in wall time)
+	// is long over and it sleeps on its doorbell.
+	time.Sleep(200 * time.Millisecond)
+	// An idle loop still spins briefly after each sleepBound timeout, so
+	// look at the average over many samples: asleep, it must not count.
+	const samples = 200
+	var sum int32
+	for range samples {
+		sum += r.d.spinners.Load()
+		time.Sleep(500 * time.Microsecond)
+	}
+	if avg := float64(sum) / samples; avg > 0.5 {
+		t.Fatalf("3 idle sessions asleep on their doorbells: spinners = %.2f on average, want ~0; "+
+			"spinLimit is %d, so no loop may spin any more", avg, r.d.spinLimit(false))
+	}
+}

@@ -398,16 +398,23 @@ func (s *session) loop() error {
 			// wake-up on every call that follows a copy (2 sessions on 2
 			// vCPUs: 17–18 GB/s of Put/Get with the cap, 23–28 without;
 			// docs/benchmarks.md, "Few sessions may all spin").
-			spin := time.Duration(0)
+			// Only the spin counts against the limit: a loop asleep on
+			// its doorbell costs no CPU and must not keep others from
+			// spinning.
 			if s.d.spinners.Add(1) <= s.d.spinLimit(!s.granted && s.pacer.Hot()) {
-				spin = s.spin
+				woke := s.ring.DaemonSpin(s.spin, &s.pacer, s.woken)
+				s.d.spinners.Add(-1)
+				if woke {
+					continue
+				}
+			} else {
+				s.d.spinners.Add(-1)
 			}
 			// A promotion finishing or a stop meanwhile ends the wait
 			// (see woken): checked only at the top of the loop, one
 			// that came during the spin was slept through until
 			// sleepBound.
-			s.ring.DaemonWaitPaced(spin, &s.pacer, s.d.sleepBound, s.woken)
-			s.d.spinners.Add(-1)
+			s.ring.DaemonWaitPaced(0, &s.pacer, s.d.sleepBound, s.woken)
 			continue
 		}
 		m := 0

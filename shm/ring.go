@@ -269,6 +269,24 @@ func (r *Ring) DaemonWaitPaced(spin time.Duration, p *Pacer, d time.Duration, mo
 	waitOn(r.daemonReady(more), r.sqSleep, r.sqSeq, spin, p, d)
 }
 
+// DaemonSpin is the spin of DaemonWaitPaced without its sleep: it polls
+// for submissions, or more (if not nil), for up to spin paced by p, and
+// reports whether either came.
+func (r *Ring) DaemonSpin(spin time.Duration, p *Pacer, more func() bool) bool {
+	ready := r.daemonReady(more)
+	if ready() {
+		return true
+	}
+	var sp Spinner
+	sp.Reset(spin, p)
+	for sp.Pause() {
+		if ready() {
+			return true
+		}
+	}
+	return false
+}
+
 // DaemonPollQuick polls the submission ring briefly (see Pacer.Hot) and
 // reports whether entries arrived; p learns from the outcome, which is
 // about the client alone (a wait that follows checks the daemon's own

@@ -415,3 +415,34 @@ func TestRingInterrupt(t *testing.T) {
 		tick.Stop()
 	}
 }
+
+// TestDaemonSpin: the spin alone reports work that comes during it (a
+// submission, or more), and gives up after its time without sleeping.
+func TestDaemonSpin(t *testing.T) {
+	c, d := heapRings(t, RingLayout{Entries: 8})
+	var p Pacer
+	t0 := time.Now()
+	if d.DaemonSpin(2*time.Millisecond, &p, nil) {
+		t.Fatal("spin reported work on an empty ring")
+	}
+	if el := time.Since(t0); el > time.Second {
+		t.Fatalf("a 2 ms spin took %v", el)
+	}
+	go func() {
+		time.Sleep(time.Millisecond)
+		c.ClientPush([]SQE{{Op: OpNop, UserData: 1}})
+	}()
+	if !d.DaemonSpin(10*time.Second, &p, nil) {
+		t.Fatal("spin missed a submission")
+	}
+	var more atomic.Bool
+	go func() {
+		time.Sleep(time.Millisecond)
+		more.Store(true)
+	}()
+	buf := make([]SQE, 8)
+	d.DaemonPop(buf) // the submission above
+	if !d.DaemonSpin(10*time.Second, &p, more.Load) {
+		t.Fatal("spin missed its more condition")
+	}
+}
