@@ -186,6 +186,13 @@ func (s *Session) reserveBatch(ctx context.Context, hashes []Hash, flags uint8) 
 	if err != nil {
 		return nil, err
 	}
+	// Hold the mappings until each reservation holds its own reference:
+	// if the connection dies meanwhile, the reaper drops the connection's
+	// reference and cn.ref() below would revive an unmapped arena.
+	if !cn.tryRef() {
+		return nil, cn.errDead()
+	}
+	defer cn.unref()
 	es := make([]shm.SQE, len(hashes))
 	for i, h := range hashes {
 		es[i] = shm.SQE{Op: shm.OpReserve, Flags: flags, Hash: h}
@@ -311,6 +318,11 @@ func (s *Session) acquireBatch(ctx context.Context, hashes []Hash, flags uint8) 
 	if err != nil {
 		return nil, err
 	}
+	// As in reserveBatch: the leases take their references under this one.
+	if !cn.tryRef() {
+		return nil, cn.errDead()
+	}
+	defer cn.unref()
 	es := make([]shm.SQE, len(hashes))
 	for i, h := range hashes {
 		es[i] = shm.SQE{Op: shm.OpAcquire, Flags: flags, Hash: h}
@@ -668,5 +680,8 @@ func (s *Session) Resume(ctx context.Context, requestID uint64, dsts [][]byte) e
 // Unpark drops the n blocks of a parked request without reading them and
 // returns how many were there.
 func (s *Session) Unpark(ctx context.Context, requestID uint64, n int) (int, error) {
+	if n < 0 {
+		return 0, fmt.Errorf("unpark request %d: %d blocks", requestID, n)
+	}
 	return s.deleteBatch(ctx, parkHashes(requestID, n), shm.SQEFlagParked)
 }

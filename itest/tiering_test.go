@@ -310,6 +310,9 @@ func TestParkTTL(t *testing.T) {
 	if err := s.Resume(ctx, 7, blocks); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("resume after TTL: %v, want ErrNotFound", err)
 	}
+	if n, err := s.Unpark(ctx, 8, -1); err == nil || n != 0 {
+		t.Fatalf("unpark of -1 blocks: %d %v, want an error", n, err)
+	}
 	if n, err := s.Unpark(ctx, 8, 2); err != nil || n != 0 {
 		t.Fatalf("unpark of an unknown request: %d %v", n, err)
 	}
