@@ -18,4 +18,3 @@ func DispatchThenKill(s *Session) {
 	cn.kill(ErrDisconnected)
 	<-cn.reaperDone
 }
-

@@ -81,10 +81,15 @@ type Chain struct {
 	// stopped (mu): Wait ran; promotions fail at once and parked blocks
 	// are not queued. stopCh, closed by Wait, releases the goroutines that
 	// hand a promotion or a parked block to a full queue (handoffs).
-	stopped  bool
-	stopCh   chan struct{}
-	stopOnce sync.Once
-	handoffs sync.WaitGroup
+	stopped bool
+	// deleting/deletingNS (mu): Deletes and DeleteNSes in progress; a
+	// promotion registered meanwhile is marked deleted at once (its read
+	// may predate the delete's NVMe step, its commit follow its host step).
+	deleting   map[Key]int
+	deletingNS map[uint32]int
+	stopCh     chan struct{}
+	stopOnce   sync.Once
+	handoffs   sync.WaitGroup
 	// parked maps the blocks of parked requests to their expiry; parkCh
 	// carries freshly parked (pinned) blocks to the write-through goroutine.
 	parkMu sync.Mutex
@@ -202,10 +207,11 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		stopCh:   make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 		inflight: map[Key]*promotion{},
-		parked:   map[Key]time.Time{},
-		parkCh:   make(chan *Handle, 4096),
-		pol:      pol,
-		polKeys:  map[policy.Key]struct{}{},
+		deleting: map[Key]int{}, deletingNS: map[uint32]int{},
+		parked:  map[Key]time.Time{},
+		parkCh:  make(chan *Handle, 4096),
+		pol:     pol,
+		polKeys: map[policy.Key]struct{}{},
 
 		unadmittedSet: map[policy.Key]struct{}{},
 		polCh:         make(chan polEvent, 1<<16),
@@ -553,7 +559,7 @@ func (c *Chain) prefetch(k Key) {
 	if c.stopped || c.inflight[k] != nil {
 		return
 	}
-	p := &promotion{key: k}
+	p := &promotion{key: k, deleted: c.beingDeletedLocked(k)}
 	size, ok := c.NVMe.Size(nk(k))
 	if !ok {
 		return
@@ -582,7 +588,7 @@ func (c *Chain) promote(k Key, size int64, done func(*Handle, error)) {
 		c.mu.Unlock()
 		return
 	}
-	p := &promotion{key: k, size: size, waiters: []func(*Handle, error){done}}
+	p := &promotion{key: k, size: size, waiters: []func(*Handle, error){done}, deleted: c.beingDeletedLocked(k)}
 	c.inflight[k] = p
 	select {
 	case c.promoCh <- p:
@@ -698,8 +704,9 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 		if c.ioHook != nil {
 			c.ioHook("read", p.key)
 		}
-		// Commit under mu: a Delete marks the promotion before it deletes,
-		// so either it finds the block committed or the mark is seen here.
+		// Commit under mu: a Delete marks the promotions in flight, and
+		// those registered while it runs, before it deletes, so either it
+		// finds the block committed or the mark is seen here.
 		c.mu.Lock()
 		if p.deleted {
 			c.mu.Unlock()
@@ -1151,13 +1158,27 @@ func (c *Chain) Delete(k Key) bool {
 	if p := c.inflight[k]; p != nil {
 		p.deleted = true // its read may predate the delete below
 	}
+	c.deleting[k]++ // and so may the read of one registered meanwhile
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.deleting[k]--; c.deleting[k] == 0 {
+			delete(c.deleting, k)
+		}
+		c.mu.Unlock()
+	}()
 	found := c.Host.Delete(k)
 	if c.inNVMe(k) {
 		c.NVMe.Delete(nk(k))
 		found = true
 	}
 	return found
+}
+
+// beingDeletedLocked reports whether a Delete or DeleteNS of k is in
+// progress. mu held.
+func (c *Chain) beingDeletedLocked(k Key) bool {
+	return c.deleting[k] > 0 || c.deletingNS[k.NS] > 0
 }
 
 // DeleteNS removes namespace ns from every tier and returns the number of
@@ -1178,7 +1199,15 @@ func (c *Chain) DeleteNS(ns uint32) int {
 			p.deleted = true
 		}
 	}
+	c.deletingNS[ns]++
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.deletingNS[ns]--; c.deletingNS[ns] == 0 {
+			delete(c.deletingNS, ns)
+		}
+		c.mu.Unlock()
+	}()
 	n := c.Host.DeleteNS(ns)
 	if c.NVMe != nil {
 		m, _ := c.NVMe.DeleteNS(ns)

@@ -397,3 +397,45 @@ func TestRefusedLeasedStaysTracked(t *testing.T) {
 		t.Fatal("a refused block leased during a demotion pass is resident but no longer tracked: the mover will not pick it while the policy has victims")
 	}
 }
+
+// TestDeleteRacesLatePromotion: a promotion registered while a Delete of
+// its block is in progress (after the Delete marked the promotions then in
+// flight), whose NVMe read lands before the Delete's NVMe step, must not
+// commit the deleted block back into the host tier.
+func TestDeleteRacesLatePromotion(t *testing.T) {
+	const bs = 4 << 10
+	r := newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20})
+	back := 0
+	for i := range 3000 {
+		k := chainKey(70, uint64(i))
+		r.putNVMe(t, k, bs)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		var deleted bool
+		got := make(chan *Handle, 1)
+		go func() {
+			defer wg.Done()
+			deleted = r.c.Delete(k)
+		}()
+		go func() {
+			defer wg.Done()
+			hd, ok := r.c.Acquire(k, bs, func(hd *Handle, err error) { got <- hd })
+			if !ok {
+				got <- nil
+			} else if hd != nil {
+				got <- hd
+			}
+		}()
+		wg.Wait()
+		if hd := <-got; hd != nil {
+			r.h.Release(hd)
+		}
+		if deleted && r.inAny(k) {
+			back++
+			t.Logf("iteration %d: Delete returned true, yet host %v nvme %v", i, r.h.Contains(k), r.store.Contains(nk(k)))
+		}
+	}
+	if back > 0 {
+		t.Fatalf("%d deleted blocks came back", back)
+	}
+}
