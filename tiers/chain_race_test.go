@@ -22,7 +22,7 @@ func TestDeleteWhileWrittenDownThenReput(t *testing.T) {
 	const bs = 256 << 10
 	victim := chainKey(40, 0)
 	var once sync.Once
-	var deleted atomic.Bool
+	var deleted, hooked atomic.Bool
 	var r *chainRig
 	newBytes := bytes.Repeat([]byte{0xBB}, bs)
 	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
@@ -46,16 +46,14 @@ func TestDeleteWhileWrittenDownThenReput(t *testing.T) {
 				}
 				r.c.Inserted(victim, policy.AccessInfo{})
 			})
+			hooked.Store(true)
 		}})
 	for i := range 10 { // 10 of 16 slots: above high (8)
 		r.putHost(t, chainKey(40, uint64(i)), bs)
 	}
 	r.start()
-	eventually(t, 10*time.Second, "pass did not finish", func() bool {
-		used, c := r.h.Usage()
-		return r.c.Stats().Demoted > 0 && used <= c/4
-	})
-	time.Sleep(300 * time.Millisecond) // let the pass finish
+	eventually(t, 10*time.Second, "the victim was never written down", hooked.Load)
+	r.c.demoteMu.Lock() // the batch that wrote the victim is over
 	if !deleted.Load() {
 		t.Fatal("Delete found nothing")
 	}
@@ -67,7 +65,6 @@ func TestDeleteWhileWrittenDownThenReput(t *testing.T) {
 			bytes.Equal(dst, blockFor(victim, bs)))
 	}
 	// Demote everything: the reader must get the new bytes.
-	r.c.demoteMu.Lock()
 	for r.c.demoteBatch(16) > 0 {
 	}
 	r.c.demoteMu.Unlock()
