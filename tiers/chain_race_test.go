@@ -180,16 +180,15 @@ func TestVictimLeasedWhileWrittenStaysTracked(t *testing.T) {
 	})
 	r.h.Release(held.Load())
 	r.c.Accessed(victim, policy.AccessInfo{})
-	time.Sleep(200 * time.Millisecond) // policyLoop applies the events
 	if !r.h.Contains(victim) {
 		t.Fatal("victim left the host tier")
 	}
-	r.c.pmu.Lock()
-	_, known := r.c.polKeys[pk(victim)]
-	r.c.pmu.Unlock()
-	if !known {
-		t.Fatal("host-resident block is unknown to the policy: it is never a policy victim again and its accesses are ignored")
-	}
+	eventually(t, 10*time.Second, "the host-resident victim to be known to the policy again", func() bool {
+		r.c.pmu.Lock() // policyLoop applies the events
+		defer r.c.pmu.Unlock()
+		_, known := r.c.polKeys[pk(victim)]
+		return known
+	})
 }
 
 // TestWaitFailsHandedOffPromotions: a demand promotion whose queue send
