@@ -361,3 +361,41 @@ func TestReindexRefusesOversizedRecord(t *testing.T) {
 			n, maxBlock, before.Bytes, before.LogicalLimit, after.Evictions, after.Blocks)
 	}
 }
+
+// TestSyncMakesNewSegmentsDurable: a segment created since the last Sync
+// has its directory entry fsynced by the next Sync (once), and at once
+// under SyncWrites; before, a power loss could lose a synced segment's
+// entry and so its records.
+func TestSyncMakesNewSegmentsDurable(t *testing.T) {
+	s := openT(t, filepath.Join(t.TempDir(), "nvme"), 64<<20)
+	defer s.Close()
+	k := testKey(1, 1)
+	before := s.segs.dirSyncs.Load()
+	if err := s.Put(k, payloadFor(k, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if !s.segs.dirDirty.Load() {
+		t.Fatal("a Put that created a segment left the directory clean")
+	}
+	for range 2 {
+		if err := s.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.segs.dirSyncs.Load() - before; n != 1 {
+		t.Fatalf("%d directory fsyncs for one new segment and two Syncs, want 1", n)
+	}
+
+	s2, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "nvme"), CapacityBytes: 64 << 20,
+		SyncWrites: true, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if err := s2.Put(k, payloadFor(k, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if s2.segs.dirSyncs.Load() == 0 || s2.segs.dirDirty.Load() {
+		t.Fatal("under SyncWrites a Put that created a segment returned before its directory entry was durable")
+	}
+}

@@ -71,6 +71,26 @@ type segStore struct {
 
 	writes atomic.Uint64 // appends written (Stats.SegmentWrites)
 	reads  atomic.Uint64 // reads issued (Stats.SegmentReads)
+	// dirDirty: a segment was created since the directory was last
+	// fsynced; until it is, a power loss can lose the new file's entry
+	// (its records would then be dropped at reindex: misses).
+	dirDirty atomic.Bool
+	dirSyncs atomic.Uint64 // directory fsyncs (tests)
+}
+
+// syncDir fsyncs the segment directory, making created files' entries
+// durable.
+func (ss *segStore) syncDir() error {
+	d, err := os.Open(ss.dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", ss.dir, err)
+	}
+	ss.dirSyncs.Add(1)
+	return nil
 }
 
 func segName(id uint32) string { return fmt.Sprintf("%08d%s", id, segSuffix) }
@@ -147,6 +167,16 @@ func (ss *segStore) newSegmentLocked() (*segment, error) {
 	f, direct, err := openSegmentFile(p, true)
 	if err != nil {
 		return nil, err
+	}
+	if ss.syncEach {
+		// Every append is durable when it returns: so is the file's entry.
+		if err := ss.syncDir(); err != nil {
+			f.Close()
+			os.Remove(p)
+			return nil, err
+		}
+	} else {
+		ss.dirDirty.Store(true) // for the next sync
 	}
 	sg := &segment{id: id, path: p, f: f, direct: direct}
 	sg.active.Store(true)
@@ -415,6 +445,12 @@ func (ss *segStore) snapshot() []*segment {
 // sync fdatasyncs every segment written since the last sync.
 func (ss *segStore) sync() error {
 	var first error
+	if ss.dirDirty.Swap(false) {
+		if err := ss.syncDir(); err != nil {
+			first = err
+			ss.dirDirty.Store(true)
+		}
+	}
 	for _, sg := range ss.snapshot() {
 		if !sg.dirty.Swap(false) {
 			continue
