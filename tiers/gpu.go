@@ -218,6 +218,10 @@ func (gs *GPUSet) tombstone(match func(Key) bool) {
 // errDeleted: the block was deleted while it was being copied.
 var errDeleted = errors.New("deleted during the copy")
 
+// errHostBusy: the host tier holds the block only reserved (being written);
+// a demotion keeps the GPU copy and tries again later.
+var errHostBusy = errors.New("its host copy is still being written")
+
 // commitCopy commits the destination reservation of a copy unless k was
 // deleted since the copy began (then it aborts it and returns errDeleted).
 // With pinned the committed block stays pinned (Host.CommitPinned).
@@ -225,6 +229,11 @@ func (gs *GPUSet) commitCopy(t *moveTok, h *Host, hd *Handle, pinned bool) error
 	if gs.copied != nil {
 		gs.copied(hd.Key)
 	}
+	// Under mu: Reserve scans the tiers one after another, and a copy that
+	// commits k in a tier it already scanned and drops the source from one
+	// it has yet to scan (a migration) would hide k from it.
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
 	gs.tmu.Lock()
 	defer gs.tmu.Unlock()
 	if t.deleted {
@@ -318,16 +327,18 @@ func NewGPUSet(chain *Chain, hostArena []byte, devs []cudaipc.Device, sizes []in
 }
 
 // move is the GPU allocator's compaction hook: a synchronous D2D copy on
-// the compaction stream (called under the allocator's lock).
-func (g *GPU) move(dst, src, n int64) {
+// the compaction stream (called under the allocator's lock). On error the
+// allocator drops the block.
+func (g *GPU) move(dst, src, n int64) error {
 	err := g.Dev.CopyDtoDAsync(g.ptr(dst), g.ptr(src), n, g.compact)
 	if err == nil {
 		err = g.compact.Synchronize()
 	}
 	if err != nil {
 		g.set.compactErrors.Add(1)
-		g.set.log.Error("gpu arena compaction copy failed", "gpu", g.Index, "err", err)
+		g.set.log.Error("gpu arena compaction copy failed; block dropped", "gpu", g.Index, "err", err)
 	}
+	return err
 }
 
 // ByUUID returns the index of the GPU with uuid.
@@ -778,6 +789,10 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle, pin bool) (*Handle, error) {
 			if held, ok := c.Host.Pin(hd.Key); ok {
 				return held, nil
 			}
+		} else if !c.Host.Contains(hd.Key) {
+			// Only reserved there (a promotion from NVMe): if that
+			// aborts, the GPU copy is the block's last one.
+			return nil, errHostBusy
 		}
 		return nil, nil
 	}
@@ -850,7 +865,7 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 func (gs *GPUSet) demoteBatch(g *GPU, n int) (moved, failed int) {
 	for _, hd := range g.Slots.PinColdest(n, nil) {
 		if _, err := gs.writeDown(g, hd, false); err != nil {
-			if !errors.Is(err, errDeleted) {
+			if !errors.Is(err, errDeleted) && !errors.Is(err, errHostBusy) {
 				failed++
 				gs.log.Warn("demotion gpu → host failed", "gpu", g.Index, "err", err)
 			}
@@ -883,11 +898,19 @@ func (gs *GPUSet) DeleteNS(ns uint32) int {
 	gs.tmu.Lock()
 	defer gs.tmu.Unlock()
 	gs.tombstone(func(x Key) bool { return x.NS == ns })
-	n := gs.Chain.DeleteNS(ns)
+	// The count is of distinct blocks: a GPU block counts unless the chain
+	// holds it too (no copy commits meanwhile: tmu is held).
+	onGPU := map[Key]bool{}
 	for _, g := range gs.GPUs {
-		n = max(n, g.Slots.DeleteNS(ns))
+		g.Slots.deleteNS(ns, func(k Key) { onGPU[k] = true })
 	}
-	return n
+	extra := 0
+	for k := range onGPU {
+		if !gs.Chain.Host.Contains(k) && !gs.Chain.inNVMe(k) {
+			extra++
+		}
+	}
+	return gs.Chain.DeleteNS(ns) + extra
 }
 
 // GPUStats describes the GPU tier.

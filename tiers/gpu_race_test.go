@@ -3,11 +3,16 @@
 package tiers
 
 import (
+	"bytes"
+	"errors"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvtier/kvtier/cudaipc"
 )
 
 // inFrame reports whether some goroutine's stack has a frame of fn.
@@ -270,5 +275,203 @@ func TestGPUWaitRunsHandedOffMoves(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a move asked for after Wait was never answered")
+	}
+}
+
+// Reserve scans the GPU arenas one after another. A migration GPU 2 → GPU 0
+// that completes (commit on GPU 0, source dropped from GPU 2) after the
+// scan passed GPU 0 and before it reaches GPU 2 is missed: Reserve hands out
+// a second reservation of a block that is committed on GPU 0.
+func TestGPUReserveRacesMigration(t *testing.T) {
+	r := newGPURigN(t, 3, false)
+	g0, g1, g2 := r.gs.GPUs[0], r.gs.GPUs[1], r.gs.GPUs[2]
+	k := chainKey(60, 1)
+	if at := r.put(t, k, 2); at != g2.Slots {
+		t.Fatal("put did not land in GPU 2")
+	}
+	// Stall Reserve's scan at GPU 1 (stands for the scheduler preempting it
+	// between two Present calls).
+	g1.Slots.mu.Lock()
+	type res struct {
+		hd  *Handle
+		err error
+	}
+	rc := make(chan res, 1)
+	go func() {
+		hd, err := r.gs.Reserve(k, gpuBlock, -1)
+		rc <- res{hd, err}
+	}()
+	waitFor(t, "Reserve to stall at GPU 1", func() bool { return inFrame("tiers.(*Host).Present(") })
+	// A device reader on GPU 0 migrates the block from GPU 2 (the mover's
+	// job, as Acquire's startMove runs it).
+	mc := make(chan error, 1)
+	go func() {
+		at, held, err := r.gs.migrate(g2, g0, k, gpuBlock)
+		if err == nil {
+			at.Unpin(held, false)
+		}
+		mc <- err
+	}()
+	var merr error
+	migrated := false
+	waitFor(t, "the migration to finish or wait", func() bool {
+		select {
+		case merr = <-mc:
+			migrated = true
+			return true
+		default:
+			return inFrame("tiers.(*GPUSet).commitCopy(")
+		}
+	})
+	g1.Slots.mu.Unlock()
+	x := <-rc
+	if !migrated {
+		merr = <-mc
+	}
+	if merr != nil {
+		t.Fatalf("migrate: %v", merr)
+	}
+	if x.err == nil {
+		owner := "host"
+		if g := r.gs.GPUOf(x.hd); g != nil {
+			owner = "a GPU"
+		}
+		x.hd.Owner().Abort(x.hd)
+		t.Fatalf("Reserve of a block committed on GPU 0 (migrated during the scan) succeeded (reservation in %s), want ErrExists", owner)
+	}
+	if !errors.Is(x.err, ErrExists) {
+		t.Fatalf("Reserve: %v, want ErrExists", x.err)
+	}
+	if !g0.Slots.Contains(k) && !g2.Slots.Contains(k) {
+		t.Fatal("block lost")
+	}
+}
+
+// DeleteNS reports how many blocks a namespace evict removed (the daemon
+// answers the operator's evict with it). Blocks that live on different GPUs,
+// or on a GPU and only in the host tier, are distinct blocks, but GPUSet
+// takes the max of the per-tier counts.
+func TestGPUDeleteNSCount(t *testing.T) {
+	r := newGPURig(t, true)
+	const ns = 61
+	r.put(t, chainKey(ns, 1), 0)  // GPU 0 only
+	r.put(t, chainKey(ns, 2), 1)  // GPU 1 only
+	r.put(t, chainKey(ns, 3), -1) // host only
+	if n := r.gs.DeleteNS(ns); n != 3 {
+		t.Fatalf("DeleteNS removed 3 distinct blocks, reported %d", n)
+	}
+	// A block with copies in two tiers is one block.
+	k := chainKey(ns, 4)
+	r.put(t, k, -1)
+	hd, err := r.acquire(t, k, 0, true) // promote: host + GPU 0
+	if err != nil || hd.Owner() != r.gs.GPUs[0].Slots {
+		t.Fatalf("promotion: %v", err)
+	}
+	hd.Owner().Release(hd)
+	if n := r.gs.DeleteNS(ns); n != 1 {
+		t.Fatalf("DeleteNS of one block with two copies reported %d", n)
+	}
+}
+
+// failDtoD fails device-to-device copies while fail is set.
+type failDtoD struct {
+	cudaipc.Device
+	fail atomic.Bool
+}
+
+func (d *failDtoD) CopyDtoDAsync(dst, src cudaipc.DevicePtr, n int64, s cudaipc.Stream) error {
+	if d.fail.Load() {
+		return errors.New("injected D2D failure")
+	}
+	return d.Device.CopyDtoDAsync(dst, src, n, s)
+}
+
+// A compaction copy that fails is counted (CompactErrors) but the allocator
+// moves the block's offset anyway: the block stays committed, pointing at a
+// slot that was never written (here: the bytes of another, deleted block).
+// Readers are then served wrong bytes.
+func TestGPUCompactionCopyFailure(t *testing.T) {
+	r := newGPURig(t, false)
+	g0 := r.gs.GPUs[0]
+	fd := &failDtoD{Device: g0.Dev}
+	g0.Dev = fd
+	defer func() { g0.Dev = fd.Device }()
+	var keys []Key
+	for i := range uint64(32) { // 8 slabs of 4 blocks: the arena is full
+		k := chainKey(62, i)
+		hd, err := g0.Slots.Reserve(k, gpuBlock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := blockFor(k, gpuBlock)
+		if err := g0.run(func(s cudaipc.Stream) error { return g0.Dev.CopyHtoDAsync(g0.ptr(hd.Offset), b, s) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := g0.Slots.Commit(hd); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	// One hole in each of slabs 0..3: the class holds a slab's worth of
+	// free slots, so a new class's reservation compacts (drains a slab).
+	deleted := map[Key]bool{}
+	for _, i := range []int{0, 4, 8, 12} {
+		if !g0.Slots.Delete(keys[i]) {
+			t.Fatal("delete")
+		}
+		deleted[keys[i]] = true
+	}
+	fd.fail.Store(true)
+	hd, err := g0.Slots.Reserve(chainKey(62, 100), 2*gpuBlock)
+	fd.fail.Store(false)
+	if err != nil {
+		t.Fatalf("reserve of another class: %v", err)
+	}
+	g0.Slots.Abort(hd)
+	if st := r.gs.Stats(); st.CompactErrors == 0 {
+		t.Fatal("no compaction copy failed: the test did not compact")
+	}
+	bad := 0
+	for _, k := range keys {
+		if deleted[k] {
+			continue
+		}
+		b, ok := r.read(t, g0.Slots, k)
+		if ok && !bytes.Equal(b, blockFor(k, gpuBlock)) {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d committed GPU blocks hold wrong bytes after a failed compaction copy", bad)
+	}
+}
+
+// TestGPUDemotionKeepsCopyOverHostReservation: a GPU block whose key the
+// host tier holds only reserved (a promotion from NVMe being written) is
+// not dropped by the demoter: if that reservation aborts, the GPU copy is
+// the block's last one (it used to be dropped as if the host held it).
+func TestGPUDemotionKeepsCopyOverHostReservation(t *testing.T) {
+	r := newGPURig(t, false)
+	g0 := r.gs.GPUs[0]
+	k := chainKey(63, 1)
+	if at := r.put(t, k, 0); at != g0.Slots {
+		t.Fatal("put did not land on GPU 0")
+	}
+	res, err := r.h.Reserve(k, gpuBlock) // another writer of k in the host tier
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved, failed := r.gs.demoteBatch(g0, 8); moved != 0 || failed != 0 {
+		t.Fatalf("demotion over a host reservation: moved %d, failed %d; want 0, 0 (keep it, try later)", moved, failed)
+	}
+	if !g0.Slots.Contains(k) {
+		t.Fatal("the GPU copy was dropped while the host held k only reserved")
+	}
+	r.h.Abort(res) // the other writer fails
+	if moved, _ := r.gs.demoteBatch(g0, 8); moved != 1 || !r.h.Contains(k) || g0.Slots.Contains(k) {
+		t.Fatalf("demotion after the abort: moved %d, host %v, gpu %v", moved, r.h.Contains(k), g0.Slots.Contains(k))
+	}
+	if b, ok := r.read(t, r.h, k); !ok || !bytes.Equal(b, blockFor(k, gpuBlock)) {
+		t.Fatal("the demoted block reads back wrong")
 	}
 }

@@ -28,9 +28,12 @@ const (
 	gpuBlock = 256 << 10
 )
 
-func newGPURig(t *testing.T, start bool) *gpuRig {
+func newGPURig(t *testing.T, start bool) *gpuRig { return newGPURigN(t, 2, start) }
+
+// newGPURigN is a rig with n emulated GPUs of gpuArena bytes (n < 10).
+func newGPURigN(t *testing.T, n int, start bool) *gpuRig {
 	t.Helper()
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "2:64MiB")
+	t.Setenv(cudaipc.EnvEmulatedGPUs, string(rune('0'+n))+":64MiB")
 	devs, err := cudaipc.Devices()
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +50,11 @@ func newGPURig(t *testing.T, start bool) *gpuRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, err := NewGPUSet(c, arena, devs, []int64{gpuArena, gpuArena}, GPUConfig{
+	sizes := make([]int64, n)
+	for i := range sizes {
+		sizes[i] = gpuArena
+	}
+	gs, err := NewGPUSet(c, arena, devs, sizes, GPUConfig{
 		SlabBytes: 1 << 20, HighWatermark: 0.75, LowWatermark: 0.5, Workers: 2, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)

@@ -37,8 +37,9 @@ type HostConfig struct {
 	// Move, if set, moves n bytes inside the managed memory for compaction
 	// instead of a copy over the arena slice: a device arena (NewSlots) has
 	// no slice. It runs under the tier's lock and must be synchronous; it
-	// only ever moves unpinned blocks (never leased or reserved ones).
-	Move func(dst, src, n int64)
+	// only ever moves unpinned blocks (never leased or reserved ones). A
+	// block whose move fails is dropped.
+	Move func(dst, src, n int64) error
 	// NoEvict makes Reserve fail with ErrFull instead of evicting: the GPU
 	// tier demotes to the host tier rather than dropping blocks.
 	NoEvict bool
@@ -229,7 +230,7 @@ type Host struct {
 	mu        sync.Mutex
 	arena     []byte
 	size      int64 // managed bytes: len(arena), or NewSlots' size
-	move      func(dst, src, n int64)
+	move      func(dst, src, n int64) error
 	noEvict   bool
 	slabBytes int64
 	align     int64
@@ -547,7 +548,29 @@ func (h *Host) drain(s *slab) {
 		slot := h.takeSlot(d)
 		off := d.base + int64(slot)*c.stride
 		if h.move != nil {
-			h.move(off, hd.Offset, hd.Size)
+			if err := h.move(off, hd.Offset, hd.Size); err != nil {
+				// The copy failed: give the slot back and drop the
+				// block (committed and unleased: the slab is unpinned)
+				// rather than keep it at a slot never written.
+				d.free = append(d.free, int32(slot))
+				d.live--
+				c.live--
+				if d.heapIdx >= 0 {
+					heap.Fix(&c.partial, d.heapIdx)
+				} else {
+					heap.Push(&c.partial, d)
+				}
+				c.lru.remove(hd)
+				h.unindex(hd)
+				h.evictions++
+				h.used -= hd.Size
+				hd.state = stateDead
+				s.slots[i] = nil
+				s.free = append(s.free, int32(i))
+				s.live--
+				c.live--
+				continue
+			}
 		} else {
 			copy(h.arena[off:off+hd.Size], h.arena[hd.Offset:hd.Offset+hd.Size])
 		}
@@ -756,7 +779,10 @@ func (h *Host) delete(hd *Handle) {
 }
 
 // DeleteNS removes every committed block of namespace ns and returns how many.
-func (h *Host) DeleteNS(ns uint32) int {
+func (h *Host) DeleteNS(ns uint32) int { return h.deleteNS(ns, nil) }
+
+// deleteNS is DeleteNS, calling each (if set) with every key removed.
+func (h *Host) deleteNS(ns uint32, each func(Key)) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	l := h.ns[ns]
@@ -765,6 +791,9 @@ func (h *Host) DeleteNS(ns uint32) int {
 	}
 	n := 0
 	for l.head != nil { // unindex drops the list from h.ns when it empties
+		if each != nil {
+			each(l.head.Key)
+		}
 		h.delete(l.head)
 		n++
 	}
