@@ -231,11 +231,14 @@ func (gs *GPUSet) commitCopy(t *moveTok, h *Host, hd *Handle, pinned bool) error
 	}
 	// Under mu: Reserve scans the tiers one after another, and a copy that
 	// commits k in a tier it already scanned and drops the source from one
-	// it has yet to scan (a migration) would hide k from it.
-	gs.mu.Lock()
-	defer gs.mu.Unlock()
+	// it has yet to scan (a migration) would hide k from it. tmu first: a
+	// Delete holds tmu through its NVMe step, and a commit waiting for it
+	// must not hold mu meanwhile (Reserve, on the ring loops, would wait
+	// too). Nothing takes tmu under mu.
 	gs.tmu.Lock()
 	defer gs.tmu.Unlock()
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
 	if t.deleted {
 		h.Abort(hd)
 		return fmt.Errorf("%w: %s %w", ErrGPUCopy, hd.Key.Hash, errDeleted)
