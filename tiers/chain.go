@@ -1208,10 +1208,16 @@ func (c *Chain) DeleteNS(ns uint32) int {
 		}
 		c.mu.Unlock()
 	}()
-	n := c.Host.DeleteNS(ns)
+	// Distinct blocks: a host block with a clean copy in NVMe counts once.
+	both := 0
+	n := c.Host.deleteNS(ns, func(k Key) {
+		if c.inNVMe(k) {
+			both++
+		}
+	})
 	if c.NVMe != nil {
 		m, _ := c.NVMe.DeleteNS(ns)
-		n = max(n, m)
+		n += max(m-both, 0)
 	}
 	return n
 }

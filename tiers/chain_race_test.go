@@ -435,3 +435,31 @@ func TestDeleteRacesLatePromotion(t *testing.T) {
 		t.Fatalf("%d deleted blocks came back", back)
 	}
 }
+
+// TestDeleteNSCountsDistinctBlocks: a namespace's blocks in the host tier
+// only, in NVMe only, and in both (a promoted block keeps its clean copy
+// below) are counted once each (the count was the larger tier's).
+func TestDeleteNSCountsDistinctBlocks(t *testing.T) {
+	const bs = 64 << 10
+	r := newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20})
+	hostOnly, nvmeOnly, both := chainKey(71, 1), chainKey(71, 2), chainKey(71, 3)
+	r.putHost(t, hostOnly, bs)
+	r.putNVMe(t, nvmeOnly, bs)
+	r.putNVMe(t, both, bs)
+	hd, err := acquireWait(t, r.c, both, bs) // promoted: host and NVMe
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.h.Release(hd)
+	if !r.h.Contains(both) || !r.store.Contains(nk(both)) {
+		t.Fatal("the promoted block is not in both tiers")
+	}
+	if n := r.c.DeleteNS(71); n != 3 {
+		t.Fatalf("DeleteNS of 3 distinct blocks reported %d", n)
+	}
+	for _, k := range []Key{hostOnly, nvmeOnly, both} {
+		if r.inAny(k) {
+			t.Fatalf("%v left after DeleteNS", k)
+		}
+	}
+}
