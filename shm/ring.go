@@ -273,9 +273,17 @@ func (r *Ring) DaemonWaitPaced(spin time.Duration, p *Pacer, d time.Duration, mo
 // for submissions, or more (if not nil), for up to spin paced by p, and
 // reports whether either came.
 func (r *Ring) DaemonSpin(spin time.Duration, p *Pacer, more func() bool) bool {
-	ready := r.daemonReady(more)
+	return spinFor(r.daemonReady(more), spin, p)
+}
+
+// spinFor polls ready for up to spin, paced by p, and reports whether it
+// became true.
+func spinFor(ready func() bool, spin time.Duration, p *Pacer) bool {
 	if ready() {
 		return true
+	}
+	if spin <= 0 {
+		return false
 	}
 	var sp Spinner
 	sp.Reset(spin, p)
@@ -313,17 +321,8 @@ func (r *Ring) DaemonInterrupt() {
 // wake-up cannot be lost. Sleeps are bounded by d because the peer is not
 // trusted to ring at all.
 func waitOn(ready func() bool, sleep, seq *atomic.Uint32, spin time.Duration, p *Pacer, d time.Duration) {
-	if ready() {
+	if spinFor(ready, spin, p) {
 		return
-	}
-	if spin > 0 {
-		var sp Spinner
-		sp.Reset(spin, p)
-		for sp.Pause() {
-			if ready() {
-				return
-			}
-		}
 	}
 	sleep.Store(1)
 	s := seq.Load()

@@ -67,14 +67,7 @@ func TestGPUDeleteRacesPromotion(t *testing.T) {
 	if x.err == nil {
 		x.hd.Owner().Release(x.hd)
 	}
-	for i, g := range r.gs.GPUs {
-		if g.Slots.Present(k) {
-			t.Errorf("gpu %d still holds the block after Delete returned", i)
-		}
-	}
-	if r.h.Present(k) {
-		t.Error("host still holds the block after Delete returned")
-	}
+	r.checkGone(t, k, "Delete")
 }
 
 // The same for a demotion GPU → host: Delete's tombstone pass runs before
@@ -126,14 +119,7 @@ func TestGPUDeleteRacesDemotion(t *testing.T) {
 	if !res {
 		t.Fatal("delete found nothing")
 	}
-	for i, g := range r.gs.GPUs {
-		if g.Slots.Present(k) {
-			t.Errorf("gpu %d still holds the block after Delete returned", i)
-		}
-	}
-	if r.h.Present(k) {
-		t.Error("host holds the block after Delete returned")
-	}
+	r.checkGone(t, k, "Delete")
 }
 
 // A host reader of a GPU block that the demoter is writing down at that
@@ -218,14 +204,7 @@ func TestGPUDeleteNSRacesPromotion(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("DeleteNS removed %d blocks", n)
 	}
-	for i, g := range r.gs.GPUs {
-		if g.Slots.Present(k) {
-			t.Errorf("gpu %d holds a block of the namespace after DeleteNS returned", i)
-		}
-	}
-	if r.h.Present(k) {
-		t.Error("host holds a block of the namespace after DeleteNS returned")
-	}
+	r.checkGone(t, k, "DeleteNS")
 }
 
 // TestGPUWaitRunsHandedOffMoves: moves handed to a full job queue by a
@@ -473,5 +452,18 @@ func TestGPUDemotionKeepsCopyOverHostReservation(t *testing.T) {
 	}
 	if b, ok := r.read(t, r.h, k); !ok || !bytes.Equal(b, blockFor(k, gpuBlock)) {
 		t.Fatal("the demoted block reads back wrong")
+	}
+}
+
+// checkGone reports each tier that still holds k after op returned.
+func (r *gpuRig) checkGone(t *testing.T, k Key, op string) {
+	t.Helper()
+	for i, g := range r.gs.GPUs {
+		if g.Slots.Present(k) {
+			t.Errorf("gpu %d still holds the block after %s returned", i, op)
+		}
+	}
+	if r.h.Present(k) {
+		t.Errorf("host still holds the block after %s returned", op)
 	}
 }

@@ -142,24 +142,7 @@ func runFailedMoveProp(t *testing.T, noEvict bool, seed uint64) (moves, failed i
 			t.Fatalf("op %d: onRemove model %d keys, index %d committed", i, len(live), nc)
 		}
 	}
-	for _, hd := range holds {
-		if err := h.Release(hd); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, hd := range pending {
-		if err := h.Abort(hd); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for ns := range sizes {
-		h.DeleteNS(uint32(ns))
-	}
-	mustCheck(t, h)
-	st := h.Stats()
-	if st.SlabsFree != st.SlabsTotal || st.UsedBytes != 0 || st.Leased != 0 || st.Blocks != 0 || st.Reserved != 0 {
-		t.Fatalf("leak: %+v", st)
-	}
+	st := emptyHost(t, h, holds, pending, len(sizes))
 	t.Logf("moves %d failed %d compactions %d moved %d evictions %d", moves, failed, st.Compactions, st.CompactedBlocks, st.Evictions)
 	return moves, failed
 }

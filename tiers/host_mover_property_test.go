@@ -170,25 +170,38 @@ func TestMoverPinProperty(t *testing.T) {
 					t.Fatalf("op %d: onRemove model %d keys, index %d committed", i, len(live), nc)
 				}
 			}
-			for _, hl := range holds {
-				if err := h.Release(hl.hd); err != nil {
-					t.Fatal(err)
-				}
+			held := make([]*Handle, len(holds))
+			for j, hl := range holds {
+				held[j] = hl.hd
 			}
-			for _, hd := range pending {
-				if err := h.Abort(hd); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for ns := range sizes {
-				h.DeleteNS(uint32(ns))
-			}
-			mustCheck(t, h)
-			st := h.Stats()
-			if st.SlabsFree != st.SlabsTotal || st.UsedBytes != 0 || st.Leased != 0 || st.Blocks != 0 || st.Reserved != 0 {
-				t.Fatalf("leak: %+v", st)
-			}
+			st := emptyHost(t, h, held, pending, len(sizes))
 			t.Logf("evictions %d compactions %d moved %d removed keys %d", st.Evictions, st.Compactions, st.CompactedBlocks, len(removed))
 		})
 	}
+}
+
+// emptyHost releases held, aborts pending, deletes namespaces 0..nss-1,
+// checks the allocator's invariants and that nothing is left (no leak),
+// and returns the final stats.
+func emptyHost(t *testing.T, h *Host, held, pending []*Handle, nss int) HostStats {
+	t.Helper()
+	for _, hd := range held {
+		if err := h.Release(hd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, hd := range pending {
+		if err := h.Abort(hd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for ns := range nss {
+		h.DeleteNS(uint32(ns))
+	}
+	mustCheck(t, h)
+	st := h.Stats()
+	if st.SlabsFree != st.SlabsTotal || st.UsedBytes != 0 || st.Leased != 0 || st.Blocks != 0 || st.Reserved != 0 {
+		t.Fatalf("leak: %+v", st)
+	}
+	return st
 }
