@@ -411,9 +411,9 @@ func (s *session) loop() error {
 				s.d.spinners.Add(-1)
 			}
 			// A promotion finishing or a stop meanwhile ends the wait
-			// (see woken): checked only at the top of the loop, one
-			// that came during the spin was slept through until
-			// sleepBound.
+			// (see woken; checked only at the top of the loop, one that
+			// came during the spin used to be slept through until
+			// sleepBound).
 			s.ring.DaemonWaitPaced(0, &s.pacer, s.d.sleepBound, s.woken)
 			continue
 		}

@@ -494,6 +494,18 @@ func (h *Host) takeSlot(s *slab) int {
 // freeSlot vacates hd's slot (hd must already be unpinned and out of every
 // list). It never compacts: free slots stay where they are until the class
 // reuses them or another class needs a slab (see allocSlot).
+// untakeSlot gives back a slot takeSlot took from the partial slab s.
+func (h *Host) untakeSlot(s *slab, slot int) {
+	s.free = append(s.free, int32(slot))
+	s.live--
+	s.cls.live--
+	if s.heapIdx >= 0 {
+		heap.Fix(&s.cls.partial, s.heapIdx)
+	} else {
+		heap.Push(&s.cls.partial, s)
+	}
+}
+
 func (h *Host) freeSlot(hd *Handle) {
 	s := &h.slabs[hd.slab]
 	c := s.cls
@@ -547,41 +559,33 @@ func (h *Host) drain(s *slab) {
 		d := c.partial[0]
 		slot := h.takeSlot(d)
 		off := d.base + int64(slot)*c.stride
+		var err error
 		if h.move != nil {
-			if err := h.move(off, hd.Offset, hd.Size); err != nil {
-				// The copy failed: give the slot back and drop the
-				// block (committed and unleased: the slab is unpinned)
-				// rather than keep it at a slot never written.
-				d.free = append(d.free, int32(slot))
-				d.live--
-				c.live--
-				if d.heapIdx >= 0 {
-					heap.Fix(&c.partial, d.heapIdx)
-				} else {
-					heap.Push(&c.partial, d)
-				}
-				c.lru.remove(hd)
-				h.unindex(hd)
-				h.evictions++
-				h.used -= hd.Size
-				hd.state = stateDead
-				s.slots[i] = nil
-				s.free = append(s.free, int32(i))
-				s.live--
-				c.live--
-				continue
-			}
+			err = h.move(off, hd.Offset, hd.Size)
 		} else {
 			copy(h.arena[off:off+hd.Size], h.arena[hd.Offset:hd.Offset+hd.Size])
 		}
-		d.slots[slot] = hd
-		hd.Offset = off
-		hd.slab = int32(d.base / h.slabBytes)
-		hd.slot = int32(slot)
+		if err != nil {
+			// The copy failed: give the slot back and drop the block
+			// (committed and unleased: the slab is unpinned) rather than
+			// keep it at a slot never written.
+			h.untakeSlot(d, slot)
+			c.lru.remove(hd)
+			h.unindex(hd)
+			h.evictions++
+			h.used -= hd.Size
+			hd.state = stateDead
+			s.free = append(s.free, int32(i))
+		} else {
+			d.slots[slot] = hd
+			hd.Offset = off
+			hd.slab = int32(d.base / h.slabBytes)
+			hd.slot = int32(slot)
+			h.compactedBl++
+		}
 		s.slots[i] = nil
 		s.live--
 		c.live--
-		h.compactedBl++
 	}
 	h.compactions++
 	h.releaseSlab(s)
