@@ -281,9 +281,8 @@ func (c *Chain) apply(ev polEvent) {
 		} else if c.pol.Admit(ev.k, ev.a) {
 			c.pol.Insert(ev.k, ev.a)
 			c.polKeys[ev.k] = struct{}{}
-		} else if _, ok := c.unadmittedSet[ev.k]; !ok {
-			c.unadmittedSet[ev.k] = struct{}{}
-			c.unadmitted = append(c.unadmitted, ev.k)
+		} else {
+			c.queueRefused(ev.k)
 		}
 	case polAccess:
 		if known {
@@ -326,6 +325,15 @@ func (c *Chain) apply(ev polEvent) {
 	}
 }
 
+// queueRefused puts k, a block the policy refused, on the queue of blocks
+// the mover drops first, once. pmu held.
+func (c *Chain) queueRefused(k policy.Key) {
+	if _, queued := c.unadmittedSet[k]; !queued {
+		c.unadmittedSet[k] = struct{}{}
+		c.unadmitted = append(c.unadmitted, k)
+	}
+}
+
 // pinVictims pins up to n host blocks the policy wants demoted, falling
 // back to the host tier's LRU order when the policy has none (blocks it
 // did not admit, or state lost to dropped events).
@@ -356,10 +364,8 @@ func (c *Chain) pinVictims(n int) (out []*Handle, drop int) {
 	if len(leased) > 0 {
 		c.pmu.Lock()
 		for _, k := range leased {
-			_, known := c.polKeys[k]
-			if _, queued := c.unadmittedSet[k]; !known && !queued {
-				c.unadmittedSet[k] = struct{}{}
-				c.unadmitted = append(c.unadmitted, k)
+			if _, known := c.polKeys[k]; !known {
+				c.queueRefused(k)
 			}
 		}
 		c.pmu.Unlock()
