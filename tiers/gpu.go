@@ -765,7 +765,7 @@ func (gs *GPUSet) viaHost(g *GPU, k Key, size int64) (*Host, *Handle, error) {
 			return host, held, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, nil, fmt.Errorf("%w: %s: its host copy is still being written", ErrGPUCopy, k.Hash)
+			return nil, nil, fmt.Errorf("%w: %s: %w", ErrGPUCopy, k.Hash, errHostBusy)
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
