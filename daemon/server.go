@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -123,7 +124,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("host tier: %w", err)
 	}
 	if cfg.NVMe.Enabled {
-		if d.nvme, err = openNVMe(cfg, log); err != nil {
+		if d.nvme, err = openNVMe(cfg, d.reg.Epoch(), log); err != nil {
 			// The host tier works alone; say so loudly rather than refuse
 			// to serve.
 			log.Error("nvme tier unavailable; running with the host tier only", "err", err)
@@ -168,9 +169,14 @@ func (d *Daemon) chainConfig() tiers.ChainConfig {
 }
 
 // openNVMe opens the NVMe tier in <state>/nvme, sized from the disk when
-// the configuration leaves it at 0.
-func openNVMe(cfg Config, log *slog.Logger) (*nvme.Store, error) {
+// the configuration leaves it at 0. Its blocks are keyed by namespace id,
+// which only means something within the registry epoch it was written
+// under (see bindNVMeEpoch).
+func openNVMe(cfg Config, epoch uint64, log *slog.Logger) (*nvme.Store, error) {
 	dir := filepath.Join(cfg.StateDir, "nvme")
+	if err := bindNVMeEpoch(cfg.StateDir, dir, epoch, log); err != nil {
+		return nil, err
+	}
 	capacity := int64(cfg.NVMe.Capacity)
 	if capacity == 0 {
 		var st unix.Statfs_t
@@ -196,6 +202,48 @@ func openNVMe(cfg Config, log *slog.Logger) (*nvme.Store, error) {
 	log.Info("nvme tier ready", "dir", dir, "capacity", ByteSize(capacity).String(), "blocks", st.Blocks,
 		"bytes", st.Bytes, "reindexed_in", time.Since(t0).Round(time.Millisecond))
 	return store, nil
+}
+
+// nvmeEpochFile, in the state dir, holds the namespace registry epoch the
+// NVMe tier's blocks were written under.
+const nvmeEpochFile = "nvme.epoch"
+
+// bindNVMeEpoch empties the NVMe directory dir unless it was written under
+// the registry epoch epoch, then records epoch. After the registry had to
+// be discarded, ids are handed out again from 1: blocks a previous daemon
+// stored under an id would be served to whichever model gets it next (the
+// token hashes do not depend on the model). An unknown epoch (no file: a
+// store from before the file existed) counts as another one. The
+// directory is gone before the new epoch is recorded, so a crash in
+// between only drops it again at the next start.
+func bindNVMeEpoch(stateDir, dir string, epoch uint64, log *slog.Logger) error {
+	path := filepath.Join(stateDir, nvmeEpochFile)
+	want := fmt.Sprintf("%016x\n", epoch)
+	got, err := os.ReadFile(path)
+	switch {
+	case err == nil && string(got) == want:
+		return nil
+	case err != nil && !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("nvme tier: read %s: %w", path, err)
+	}
+	// Its contents, not the directory: it may be a mount point.
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("nvme tier: %w", err)
+	}
+	if len(ents) > 0 {
+		log.Warn("nvme tier was written under another namespace registry epoch (or an unknown one); starting it empty",
+			"dir", dir, "stored_epoch", strings.TrimSpace(string(got)), "registry_epoch", fmt.Sprintf("%016x", epoch))
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("nvme tier: empty %s: %w", dir, err)
+		}
+	}
+	if err := writeFileAtomic(path, []byte(want), 0o640); err != nil {
+		return fmt.Errorf("nvme tier: record registry epoch: %w", err)
+	}
+	return nil
 }
 
 // lockFile takes an exclusive lock so that two daemons never share a state
