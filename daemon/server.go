@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -183,7 +185,10 @@ func openNVMe(cfg Config, epoch uint64, log *slog.Logger) (*nvme.Store, error) {
 		if err := unix.Statfs(cfg.StateDir, &st); err != nil {
 			return nil, fmt.Errorf("size nvme tier: statfs %s: %w", cfg.StateDir, err)
 		}
-		free := int64(st.Bavail) * int64(st.Bsize)
+		// What the tier already holds is room it has: counted as taken,
+		// every restart of a filled cache would shrink its budget and
+		// evict what it had kept.
+		free := int64(st.Bavail)*int64(st.Bsize) + allocatedUnder(dir)
 		capacity = min(free/2, 1<<40)
 		if capacity < nvme.MinCapacity {
 			return nil, fmt.Errorf("only %d bytes free under %s; set nvme.capacity or nvme.enabled=false", free, cfg.StateDir)
@@ -202,6 +207,24 @@ func openNVMe(cfg Config, epoch uint64, log *slog.Logger) (*nvme.Store, error) {
 	log.Info("nvme tier ready", "dir", dir, "capacity", ByteSize(capacity).String(), "blocks", st.Blocks,
 		"bytes", st.Bytes, "reindexed_in", time.Since(t0).Round(time.Millisecond))
 	return store, nil
+}
+
+// allocatedUnder returns the bytes the regular files under dir occupy on
+// disk (0 if it does not exist).
+func allocatedUnder(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return nil
+		}
+		if fi, err := e.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
 }
 
 // nvmeEpochFile, in the state dir, holds the namespace registry epoch the
