@@ -344,6 +344,14 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.cancel = cancel
 	s.wg.Add(1)
 	go s.loop(lctx)
+	// Filled under a larger capacity (a restart with a lower one): as
+	// SetCapacity does, evict down to the logical limit now and have the
+	// maintenance loop give the disk space back, rather than stay over
+	// the budget until a Put or the next period.
+	s.evictDown()
+	if s.evictions.Load() > 0 || s.diskMeasured.Load() > s.bud.Load().softCap {
+		s.wake()
+	}
 	return s, nil
 }
 
