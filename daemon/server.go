@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -249,11 +250,13 @@ func bindNVMeEpoch(stateDir, dir string, epoch uint64, log *slog.Logger) error {
 	case err != nil && !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("nvme tier: read %s: %w", path, err)
 	}
-	// Its contents, not the directory: it may be a mount point.
+	// Its contents, not the directory: it may be a mount point (whose
+	// lost+found stays).
 	ents, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("nvme tier: %w", err)
 	}
+	ents = slices.DeleteFunc(ents, func(e fs.DirEntry) bool { return e.Name() == "lost+found" })
 	if len(ents) > 0 {
 		log.Warn("nvme tier was written under another namespace registry epoch (or an unknown one); starting it empty",
 			"dir", dir, "stored_epoch", strings.TrimSpace(string(got)), "registry_epoch", fmt.Sprintf("%016x", epoch))
