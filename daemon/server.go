@@ -182,13 +182,18 @@ func openNVMe(cfg Config, epoch uint64, log *slog.Logger) (*nvme.Store, error) {
 	}
 	capacity := int64(cfg.NVMe.Capacity)
 	if capacity == 0 {
-		var st unix.Statfs_t
-		if err := unix.Statfs(cfg.StateDir, &st); err != nil {
-			return nil, fmt.Errorf("size nvme tier: statfs %s: %w", cfg.StateDir, err)
-		}
 		// What the tier already holds is room it has: counted as taken,
 		// every restart of a filled cache would shrink its budget and
-		// evict what it had kept.
+		// evict what it had kept. Its directory, once it exists, is where
+		// both are measured (it may be a mount of its own).
+		on := cfg.StateDir
+		if _, err := os.Stat(dir); err == nil {
+			on = dir
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs(on, &st); err != nil {
+			return nil, fmt.Errorf("size nvme tier: statfs %s: %w", on, err)
+		}
 		free := int64(st.Bavail)*int64(st.Bsize) + allocatedUnder(dir)
 		capacity = min(free/2, 1<<40)
 		if capacity < nvme.MinCapacity {
