@@ -59,6 +59,7 @@ type registryRecord struct {
 type Registry struct {
 	path  string
 	epoch uint64
+	isNew bool // this Open started the epoch (no file, or a discarded one)
 
 	wmu sync.Mutex // serializes writers; held across the file write
 
@@ -125,6 +126,7 @@ func (r *Registry) fresh() (*Registry, error) {
 		return nil, err
 	}
 	r.epoch = binary.LittleEndian.Uint64(b[:]) | 1 // never 0, so 0 can mean "unknown"
+	r.isNew = true
 	if err := r.persist(nil); err != nil {
 		return nil, err
 	}
@@ -177,6 +179,12 @@ func decodeRegistry(data []byte) (*registryDoc, error) {
 // must store the epoch and drop its data when it differs, or blocks of one
 // model could be served under another model's reused id.
 func (r *Registry) Epoch() uint64 { return r.epoch }
+
+// NewEpoch reports whether this Open started the epoch: there was no
+// registry file, or it had to be discarded. Data persisted with namespace
+// ids that carries no epoch of its own can belong to the loaded registry
+// only when this is false.
+func (r *Registry) NewEpoch() bool { return r.isNew }
 
 // Register returns the id of spec, assigning and durably persisting a new
 // one if it is unknown. The same spec always gets the same id, across

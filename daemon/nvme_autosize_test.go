@@ -31,7 +31,7 @@ func TestNVMeAutoCapacityStableAcrossRestart(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	const epoch = 0x5eed
 
-	s, err := openNVMe(cfg, epoch, log)
+	s, err := openNVMe(cfg, epoch, false, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestNVMeAutoCapacityStableAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s, err = openNVMe(cfg, epoch, log)
+	s, err = openNVMe(cfg, epoch, false, log)
 	if err != nil {
 		t.Fatal(err)
 	}

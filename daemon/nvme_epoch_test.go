@@ -16,15 +16,19 @@ import (
 // registry had to be discarded (a corrupt namespaces.json), the next
 // model to register gets the old model's id; blocks the previous daemon
 // wrote down to NVMe must then be dropped, not served to the other model
-// (token hashes do not depend on the model). A plain restart keeps them.
+// (token hashes do not depend on the model). A plain restart keeps them,
+// also of a store from before the epoch file existed (an upgrade).
 func TestNVMeDroppedWithRegistryEpoch(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		resetRegistry bool
+		noEpochFile   bool // as written by a kvtierd from before nvme.epoch
 		wantHit       bool
 	}{
-		{"same registry", false, true},
-		{"registry reset", true, false},
+		{"same registry", false, false, true},
+		{"registry reset", true, false, false},
+		{"upgrade, same registry", false, true, true},
+		{"upgrade, registry reset", true, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t)
@@ -47,6 +51,11 @@ func TestNVMeDroppedWithRegistryEpoch(t *testing.T) {
 			r.stop(t)
 
 			next := nsA
+			if tc.noEpochFile {
+				if err := os.Remove(filepath.Join(cfg.StateDir, nvmeEpochFile)); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if tc.resetRegistry {
 				if err := os.WriteFile(filepath.Join(cfg.StateDir, registryFile), []byte("{garbage"), 0o640); err != nil {
 					t.Fatal(err)

@@ -127,7 +127,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("host tier: %w", err)
 	}
 	if cfg.NVMe.Enabled {
-		if d.nvme, err = openNVMe(cfg, d.reg.Epoch(), log); err != nil {
+		if d.nvme, err = openNVMe(cfg, d.reg.Epoch(), d.reg.NewEpoch(), log); err != nil {
 			// The host tier works alone; say so loudly rather than refuse
 			// to serve.
 			log.Error("nvme tier unavailable; running with the host tier only", "err", err)
@@ -175,9 +175,9 @@ func (d *Daemon) chainConfig() tiers.ChainConfig {
 // the configuration leaves it at 0. Its blocks are keyed by namespace id,
 // which only means something within the registry epoch it was written
 // under (see bindNVMeEpoch).
-func openNVMe(cfg Config, epoch uint64, log *slog.Logger) (*nvme.Store, error) {
+func openNVMe(cfg Config, epoch uint64, newEpoch bool, log *slog.Logger) (*nvme.Store, error) {
 	dir := filepath.Join(cfg.StateDir, "nvme")
-	if err := bindNVMeEpoch(cfg.StateDir, dir, epoch, log); err != nil {
+	if err := bindNVMeEpoch(cfg.StateDir, dir, epoch, newEpoch, log); err != nil {
 		return nil, err
 	}
 	capacity := int64(cfg.NVMe.Capacity)
@@ -241,16 +241,23 @@ const nvmeEpochFile = "nvme.epoch"
 // the registry epoch epoch, then records epoch. After the registry had to
 // be discarded, ids are handed out again from 1: blocks a previous daemon
 // stored under an id would be served to whichever model gets it next (the
-// token hashes do not depend on the model). An unknown epoch (no file: a
-// store from before the file existed) counts as another one. The
-// directory is gone before the new epoch is recorded, so a crash in
+// token hashes do not depend on the model). A store without an epoch file
+// (written by a kvtierd from before the file existed) is kept when the
+// registry was loaded rather than started anew (newEpoch false): it was
+// written under that registry, and an upgrade keeps its cache warm. The
+// directory is emptied before the new epoch is recorded, so a crash in
 // between only drops it again at the next start.
-func bindNVMeEpoch(stateDir, dir string, epoch uint64, log *slog.Logger) error {
+func bindNVMeEpoch(stateDir, dir string, epoch uint64, newEpoch bool, log *slog.Logger) error {
 	path := filepath.Join(stateDir, nvmeEpochFile)
 	want := fmt.Sprintf("%016x\n", epoch)
 	got, err := os.ReadFile(path)
 	switch {
 	case err == nil && string(got) == want:
+		return nil
+	case errors.Is(err, os.ErrNotExist) && !newEpoch:
+		if err := writeFileAtomic(path, []byte(want), 0o640); err != nil {
+			return fmt.Errorf("nvme tier: record registry epoch: %w", err)
+		}
 		return nil
 	case err != nil && !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("nvme tier: read %s: %w", path, err)
