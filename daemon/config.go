@@ -219,6 +219,10 @@ type env struct {
 	// HostCapacity, if set, is what an unset host.capacity means instead of
 	// sizing from memory: a reload keeps the running arena's size.
 	HostCapacity ByteSize
+	// HostSlab, if set, is the slab size of the arena HostCapacity sizes:
+	// a kept capacity is a whole number of the running slabs, whatever
+	// host.slab_bytes (which needs a restart) now says.
+	HostSlab ByteSize
 }
 
 func systemEnv() env {
@@ -267,17 +271,19 @@ func (e env) base() Config {
 	return c
 }
 
-// derive fills the fields whose defaults depend on other fields.
-func (e env) derive(c *Config) {
+// derive fills the fields whose defaults depend on other fields. kept
+// reports that host.capacity was unset and took e.HostCapacity.
+func (e env) derive(c *Config) (kept bool) {
 	if c.Socket == "" && c.RuntimeDir != "" {
 		c.Socket = filepath.Join(c.RuntimeDir, socketName)
 	}
-	if c.Host.Capacity == 0 {
-		c.Host.Capacity = e.HostCapacity
+	if c.Host.Capacity == 0 && e.HostCapacity != 0 {
+		c.Host.Capacity, kept = e.HostCapacity, true
 	}
 	if c.Host.Capacity == 0 {
 		c.Host.Capacity = autoCapacity(e.MemInfo, c.Host.SlabBytes)
 	}
+	return kept
 }
 
 // autoCapacity leaves room for the inference processes themselves: a quarter
@@ -324,8 +330,11 @@ func (e env) load(path string, override func(*Config)) (Config, error) {
 	if override != nil {
 		override(&c)
 	}
-	e.derive(&c)
-	if err := c.Validate(); err != nil {
+	capSlab := c.Host.SlabBytes
+	if e.derive(&c) && e.HostSlab != 0 {
+		capSlab = e.HostSlab // the running arena's, which this capacity sizes
+	}
+	if err := c.validate(capSlab); err != nil {
 		return Config{}, err
 	}
 	return c, nil
@@ -367,7 +376,13 @@ func (e *FieldError) Error() string {
 
 // Validate checks every field and reports all failures at once (joined),
 // each a *FieldError.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return c.validate(c.Host.SlabBytes) }
+
+// validate is Validate with host.capacity checked against capSlab, the slab
+// size of the arena it sizes: host.slab_bytes at a start; the running
+// arena's at a reload, where host.slab_bytes needs a restart and
+// host.capacity is a target within the running arena.
+func (c *Config) validate(capSlab ByteSize) error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
@@ -397,10 +412,16 @@ func (c *Config) Validate() error {
 	if !slabOK {
 		bad("host.slab_bytes", "must be a power of two between 1MiB and 1GiB, got %v", c.Host.SlabBytes)
 	}
+	cs := uint64(capSlab)
+	csOK := cs >= MiB && cs <= GiB && bits.OnesCount64(cs) == 1
 	if c.Host.Capacity > math.MaxInt64 {
 		bad("host.capacity", "must be at most %d bytes, got %d", int64(math.MaxInt64), uint64(c.Host.Capacity))
-	} else if capa := uint64(c.Host.Capacity); slabOK && (capa%slab != 0 || capa < 2*slab) {
-		bad("host.capacity", "must be a multiple of host.slab_bytes (%v) and at least two slabs, got %v", c.Host.SlabBytes, c.Host.Capacity)
+	} else if capa := uint64(c.Host.Capacity); csOK && (capa%cs != 0 || capa < 2*cs) {
+		what := "host.slab_bytes"
+		if capSlab != c.Host.SlabBytes {
+			what = "the running arena's slab size"
+		}
+		bad("host.capacity", "must be a multiple of %s (%v) and at least two slabs, got %v", what, capSlab, c.Host.Capacity)
 	}
 
 	if !slices.Contains(policy.Names(), c.Host.Policy) {

@@ -67,7 +67,9 @@ func (d *Daemon) Reload(next Config) error {
 	}
 	d.notify(sdnotify.SdNotifyReloading + "\n" + sdnotify.SdNotifyMonotonicUsec())
 	defer func() { d.notify(sdnotify.SdNotifyReady + "\nSTATUS=" + d.statusLine(false)) }()
-	if err := next.Validate(); err != nil {
+	// host.slab_bytes needs a restart: a capacity target is a whole
+	// number of the running arena's slabs.
+	if err := next.validate(d.cfg.Host.SlabBytes); err != nil {
 		d.log.Error("configuration reload refused; keeping the running configuration", "err", err)
 		return fmt.Errorf("reload: %w", err)
 	}
@@ -144,7 +146,7 @@ func (d *Daemon) Reload(next Config) error {
 // would count the daemon's own arena as used).
 func ReloadFromArgs(args []string, running Config) (Config, error) {
 	e := systemEnv()
-	e.HostCapacity = running.Host.Capacity
+	e.HostCapacity, e.HostSlab = running.Host.Capacity, running.Host.SlabBytes
 	return loadFromArgs(e, args, io.Discard)
 }
 

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,4 +142,46 @@ func TestReloadCapacities(t *testing.T) {
 		t.Errorf("a refused reload changed the capacities: host %v nvme %v", got.Host.Capacity, got.NVMe.Capacity)
 	}
 	s.Close()
+}
+
+// TestReloadIgnoresSlabChange: host.slab_bytes needs a restart, so a
+// reload that changes it (with host.capacity left unset: the running
+// arena's size is kept) warns about it and applies the live fields. The
+// running capacity is a whole number of the running slabs, not of the new
+// ones, and must not make the reload fail as a whole.
+func TestReloadIgnoresSlabChange(t *testing.T) {
+	cfg := testConfig(t) // an 8MiB arena of 1MiB slabs
+	logs := &syncBuffer{}
+	log := cfg.Log.NewLogger(logs)
+	r := startDaemon(t, cfg, log)
+
+	path := writeTOML(t, "[host]\nslab_bytes = \"16MiB\"\nprefault = false\nhigh_watermark = 0.7\nlow_watermark = 0.5\n"+
+		"[log]\nlevel = \"debug\"\n[nvme]\nenabled = false\n")
+	args := []string{"-config", path, "-runtime-dir", cfg.RuntimeDir, "-state-dir", cfg.StateDir, "-metrics-listen", ""}
+	next, err := ReloadFromArgs(args, r.d.Config())
+	if err != nil {
+		t.Fatalf("ReloadFromArgs: %v", err)
+	}
+	if err := r.d.Reload(next); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	got := r.d.Config()
+	if got.Log.Level != "debug" || got.Host.HighWatermark != 0.7 || got.Host.LowWatermark != 0.5 ||
+		got.Host.Capacity != cfg.Host.Capacity || got.Host.SlabBytes != cfg.Host.SlabBytes {
+		t.Errorf("config in effect = %+v", got.Host)
+	}
+	if h, l := r.d.chain.Watermarks(); h != 0.7 || l != 0.5 {
+		t.Errorf("watermarks = %v/%v, want 0.7/0.5", h, l)
+	}
+	if !strings.Contains(logs.String(), "fields=host.slab_bytes") {
+		t.Errorf("no restart warning naming host.slab_bytes in:\n%s", logs.String())
+	}
+
+	// A file whose own host.capacity is not two of its slabs is invalid
+	// and still refused as a whole.
+	bad := writeTOML(t, "[host]\nslab_bytes = \"16MiB\"\ncapacity = \"8MiB\"\n[log]\nlevel = \"warn\"\n[nvme]\nenabled = false\n")
+	if _, err := ReloadFromArgs([]string{"-config", bad, "-runtime-dir", cfg.RuntimeDir, "-state-dir", cfg.StateDir}, r.d.Config()); err == nil ||
+		!strings.Contains(err.Error(), "host.capacity") {
+		t.Errorf("ReloadFromArgs of an inconsistent file = %v, want a host.capacity error", err)
+	}
 }
