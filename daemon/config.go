@@ -453,6 +453,17 @@ func (c *Config) validate(capSlab ByteSize) error {
 	if sb := uint64(c.GPU.SlabBytes); sb != 0 && (sb < MiB || sb > GiB || bits.OnesCount64(sb) != 1) {
 		bad("gpu.slab_bytes", "must be 0 (host.slab_bytes) or a power of two between 1MiB and 1GiB, got %v", c.GPU.SlabBytes)
 	}
+	// Each GPU's arena is carved into whole slabs: one under a slab could
+	// hold no block (the GPU tier would be switched off at start).
+	gpuSlab := c.GPU.SlabBytes
+	if gpuSlab == 0 {
+		gpuSlab = c.Host.SlabBytes
+	}
+	if a := c.GPU.ArenaBytes; a > math.MaxInt64 {
+		bad("gpu.arena_bytes", "must be at most %d bytes, got %d", int64(math.MaxInt64), uint64(a))
+	} else if a != 0 && a < gpuSlab {
+		bad("gpu.arena_bytes", "must be 0 (gpu.arena_fraction of free GPU memory) or at least one GPU slab (%v), got %v", gpuSlab, a)
+	}
 	if w := c.GPU.HighWatermark; !(w > 0 && w <= 1) {
 		bad("gpu.high_watermark", "must be in (0, 1], got %v", w)
 	}

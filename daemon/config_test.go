@@ -219,6 +219,13 @@ func TestConfigValidate(t *testing.T) {
 		{"nvme capacity past int64", func(c *Config) { c.NVMe.Capacity = 1 << 63 }, "nvme.capacity"},
 		{"park ttl past Duration", func(c *Config) { c.NVMe.ParkTTLSeconds = 18446744074 }, "nvme.park_ttl_s"},
 		{"park ttl at Duration's bound", func(c *Config) { c.NVMe.ParkTTLSeconds = 9223372036 }, ""},
+		// A GPU arena under one slab used to pass, and the GPU tier was
+		// then switched off at start with a log line instead of a refusal.
+		{"gpu arena under a host slab", func(c *Config) { c.GPU.ArenaBytes = 16 * MiB }, "gpu.arena_bytes"},
+		{"gpu arena under a gpu slab", func(c *Config) { c.GPU.SlabBytes = 4 * MiB; c.GPU.ArenaBytes = 3 * MiB }, "gpu.arena_bytes"},
+		{"gpu arena one gpu slab", func(c *Config) { c.GPU.SlabBytes = 4 * MiB; c.GPU.ArenaBytes = 4 * MiB }, ""},
+		{"gpu arena one host slab", func(c *Config) { c.GPU.ArenaBytes = 64 * MiB }, ""},
+		{"gpu arena past int64", func(c *Config) { c.GPU.ArenaBytes = 1 << 63 }, "gpu.arena_bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
