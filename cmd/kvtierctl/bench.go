@@ -258,9 +258,10 @@ func runBench(cmd *cobra.Command, g *globals, o benchOpts) error {
 	stride := (block + slotAlign - 1) / slotAlign * slotAlign
 	r.keys = o.keys
 	if r.keys == 0 {
-		// 80% of capacity leaves the allocator slack; staying within free
-		// space keeps the bench from evicting other users' blocks.
-		budget := min(host.CapacityBytes*8/10, host.CapacityBytes-host.UsedBytes)
+		// 80% of the free space: the slack covers the slots other block
+		// sizes' slabs cannot lend, so the bench does not evict other
+		// users' blocks (nor push the tier past its high watermark).
+		budget := (host.CapacityBytes - host.UsedBytes) * 8 / 10
 		r.keys = int(max(budget, 0) / int64(stride))
 	}
 	if (o.mode == modePutGet || o.mode == modeMix) && r.keys < o.sessions {

@@ -273,3 +273,68 @@ func startDaemon(t *testing.T, hostMiB int, nvme bool) string {
 	})
 	return cfg.Socket
 }
+
+// TestBenchKeysDefaultLeavesOthersRoom: bench's default working set is
+// what fits in 80% of the host tier's free capacity (--keys help). It used
+// to take min(80% of capacity, all free space): on a half-full tier the
+// bench counted on every free byte, though the other client's slabs of
+// another block size could lend it none, and the host tier evicted that
+// client's blocks to make room.
+func TestBenchKeysDefaultLeavesOthersRoom(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a daemon and benches for ~3s (memcpy baselines included)")
+	}
+	sock := startDaemon(t, 128, false)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ns := benchNamespace(3 << 19)
+	ns.ModelID = "another-model"
+	s, err := c.Open(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another client's 40 blocks of 1.5 MiB: four 16 MiB slabs of ten
+	// slots each (1 MiB of each slab holds no slot), about half the tier.
+	hs := make([]client.Hash, 40)
+	blk := make([]byte, 3<<19)
+	for i := range hs {
+		hs[i] = client.Hash{Hi: 0xbe, Lo: uint64(i)}
+		if _, err := s.Put(ctx, hs[i], blk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st client.Stats
+	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--socket", sock)), &st); err != nil {
+		t.Fatal(err)
+	}
+	h := st.Tiers[0]
+	want := int((h.CapacityBytes - h.UsedBytes) * 8 / 10 / (1 << 20))
+
+	out := mustRun(t, "bench", "--json", "--socket", sock, "--block-size", "1MiB", "--duration", "300ms", "--warmup", "0s")
+	var res benchResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, out)
+	}
+	if res.Keys != want {
+		t.Errorf("bench working set %d blocks on a tier with %d of %d bytes used, want %d (80%% of the free space)",
+			res.Keys, h.UsedBytes, h.CapacityBytes, want)
+	}
+	lr, err := s.Lookup(ctx, hs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inHost := 0
+	for _, tier := range lr.Tiers {
+		if tier == client.TierHost {
+			inHost++
+		}
+	}
+	if lr.Hits != len(hs) || inHost != len(hs) || res.Evictions != 0 || res.PutFull != 0 {
+		t.Errorf("after the bench %d of the other client's %d blocks are cached (%d in the host tier); %d evictions, %d puts refused",
+			lr.Hits, len(hs), inHost, res.Evictions, res.PutFull)
+	}
+}
