@@ -286,7 +286,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descTierMisses, hs.Misses, "host")
 	gauge(descTierBytes, float64(hs.UsedBytes), "host")
 	gauge(descTierBlocks, float64(hs.Blocks), "host")
-	gauge(descTierCapacity, float64(hs.CapacityBytes), "host")
+	gauge(descTierCapacity, float64(d.hostCapacity(hs.CapacityBytes)), "host")
 	counter(descTierEvictions, hostEvictions(hs, cs), "host")
 	gauge(descHostReserved, float64(hs.Reserved))
 	gauge(descHostLeased, float64(hs.Leased))

@@ -95,7 +95,7 @@ func (d *Daemon) statusLine(stopping bool) string {
 	}
 	hs := d.host.Stats()
 	s := fmt.Sprintf("serving %s; %d sessions; host %s/%s (%d blocks)", d.cfg.Socket, n,
-		humanize.IBytes(uint64(hs.UsedBytes)), humanize.IBytes(uint64(hs.CapacityBytes)), hs.Blocks)
+		humanize.IBytes(uint64(hs.UsedBytes)), humanize.IBytes(uint64(d.hostCapacity(hs.CapacityBytes))), hs.Blocks)
 	if d.chain.NVMe != nil {
 		ns := d.chain.NVMe.Stats()
 		s += fmt.Sprintf("; nvme %s/%s (%d blocks)", humanize.IBytes(uint64(ns.Bytes)), humanize.IBytes(uint64(ns.Capacity)), ns.Blocks)

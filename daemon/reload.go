@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 )
@@ -20,6 +21,19 @@ type reloadState struct {
 	mu     sync.Mutex // serializes Reload
 	cur    Config
 	loaded bool // cur is set (else it is d.cfg)
+	// hostTarget is cur.Host.Capacity, readable without mu (status and
+	// metrics must not wait for a reload that evicts): the host tier's
+	// capacity in effect, 0 before any reload (the arena).
+	hostTarget atomic.Int64
+}
+
+// hostCapacity is the host tier's capacity in effect: the arena, or the
+// smaller host.capacity target of a reload.
+func (d *Daemon) hostCapacity(arena int64) int64 {
+	if t := d.reload.hostTarget.Load(); t > 0 && t < arena {
+		return t
+	}
+	return arena
 }
 
 // liveFields are the configuration fields Reload applies to a running
@@ -111,6 +125,7 @@ func (d *Daemon) Reload(next Config) error {
 			return fmt.Errorf("reload: %w", err) // Validate keeps target > 0
 		} else {
 			cur.Host.Capacity = ByteSize(target)
+			d.reload.hostTarget.Store(target)
 		}
 	}
 	if slices.Contains(applied, "log.level") {

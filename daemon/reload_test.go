@@ -185,3 +185,36 @@ func TestReloadIgnoresSlabChange(t *testing.T) {
 		t.Errorf("ReloadFromArgs of an inconsistent file = %v, want a host.capacity error", err)
 	}
 }
+
+// TestReloadHostCapacityReported: a reloaded host.capacity is the capacity
+// in effect (the mover keeps the tier under it), and the status and
+// kvtier_tier_capacity_bytes{tier="host"} ("configured capacity") report
+// it, as they report a reloaded nvme.capacity. They used to go on
+// reporting the arena, so kvtierctl plan --live and bench sized their
+// working sets from capacity the daemon no longer kept.
+func TestReloadHostCapacityReported(t *testing.T) {
+	md := startMetricsDaemon(t, false) // a 32MiB arena of 4MiB slabs
+	capacity := func() (status, metric int64) {
+		t.Helper()
+		v := scrape(t, md.d.MetricsAddr()).must(t, "kvtier_tier_capacity_bytes", "tier", "host")
+		return md.d.Stats().Tiers[0].CapacityBytes, int64(v)
+	}
+	for _, tt := range []struct {
+		reload ByteSize
+		want   int64
+	}{
+		{16 * MiB, 16 * MiB},
+		{64 * MiB, 32 * MiB}, // capped at the arena
+		{8 * MiB, 8 * MiB},
+	} {
+		next := md.d.Config()
+		next.Host.Capacity = tt.reload
+		if err := md.d.Reload(next); err != nil {
+			t.Fatal(err)
+		}
+		if s, m := capacity(); s != tt.want || m != tt.want {
+			t.Errorf("after a reload of host.capacity %v: status capacity %v, metric %v; want %v",
+				tt.reload, ByteSize(s), ByteSize(m), ByteSize(tt.want))
+		}
+	}
+}

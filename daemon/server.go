@@ -654,7 +654,7 @@ func (d *Daemon) Stats() shm.Stats {
 		Version: Version, PID: os.Getpid(), UptimeSeconds: time.Since(d.start).Seconds(),
 		Socket: d.cfg.Socket, StateDir: d.cfg.StateDir,
 		Tiers: []shm.TierStats{{
-			Name: "host", CapacityBytes: hs.CapacityBytes, UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
+			Name: "host", CapacityBytes: d.hostCapacity(hs.CapacityBytes), UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
 			Reserved: hs.Reserved, Leased: hs.Leased, Hits: hs.Hits, Misses: hs.Misses,
 			Evictions: hostEvictions(hs, cs), HitRatio: ratio, HugePages: d.arena.Huge,
 			Compactions: hs.Compactions, CompactedBlocks: hs.CompactedBlocks,
