@@ -246,6 +246,45 @@ func TestSecondDaemonRefused(t *testing.T) {
 	c.Close()
 }
 
+// TestSocketPathNotASocket: a socket path that names an existing file that
+// is not a socket (a mistyped path: the registry, a config file) is refused
+// and the file left alone. It used to be removed as a stale socket (an
+// empty directory too).
+func TestSocketPathNotASocket(t *testing.T) {
+	for _, name := range []string{"regular file", "empty directory"} {
+		t.Run(name, func(t *testing.T) {
+			cfg := testConfig(t)
+			if err := os.MkdirAll(cfg.RuntimeDir, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			cfg.Socket = filepath.Join(cfg.RuntimeDir, "precious")
+			var err error
+			switch name {
+			case "regular file":
+				err = os.WriteFile(cfg.Socket, []byte("keep me"), 0o640)
+			case "empty directory":
+				err = os.Mkdir(cfg.Socket, 0o750)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			before, _ := os.Lstat(cfg.Socket)
+			d, err := New(cfg, slog.New(slog.DiscardHandler))
+			if err == nil {
+				d.closeResources()
+				t.Fatal("New listened on a path held by a file that is not a socket")
+			}
+			if !strings.Contains(err.Error(), "not a socket") {
+				t.Errorf("New = %v, want a refusal saying the path is not a socket", err)
+			}
+			after, lerr := os.Lstat(cfg.Socket)
+			if lerr != nil || after.Mode() != before.Mode() {
+				t.Errorf("the file at the socket path was removed or replaced: %v", lerr)
+			}
+		})
+	}
+}
+
 // TestReload applies a new configuration to a running daemon with a
 // session open: the level and watermarks change live, the fields that need
 // a restart are named in one warning, and the session keeps working.

@@ -310,7 +310,12 @@ func listen(runtimeDir, path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("create socket dir %s: %w", filepath.Dir(path), err)
 	}
-	if _, err := os.Lstat(path); err == nil {
+	if fi, err := os.Lstat(path); err == nil {
+		// Only a socket can be stale: anything else there is a mistyped
+		// path, and removing it would destroy what it names.
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("socket path %s exists and is not a socket (%s); refusing to replace it", path, fi.Mode().Type())
+		}
 		c, derr := net.DialTimeout("unixpacket", path, time.Second)
 		if derr == nil {
 			c.Close()
