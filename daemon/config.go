@@ -118,6 +118,11 @@ type HostConfig struct {
 	LowWatermark  float64 `toml:"low_watermark"`
 	// Policy picks the blocks the mover demotes (see tiers/policy).
 	Policy string `toml:"policy"`
+	// CapacityAuto records that Capacity was sized from machine memory
+	// (host.capacity unset). A warm restart then keeps the size of the
+	// arena systemd stored: the memory that arena holds would make the
+	// new estimate smaller, and the arena would be discarded.
+	CapacityAuto bool `toml:"-"`
 }
 
 // SessionConfig sizes per-session shared memory and the ring loop.
@@ -282,6 +287,7 @@ func (e env) derive(c *Config) (kept bool) {
 	}
 	if c.Host.Capacity == 0 {
 		c.Host.Capacity = autoCapacity(e.MemInfo, c.Host.SlabBytes)
+		c.Host.CapacityAuto = true
 	}
 	return kept
 }

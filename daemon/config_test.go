@@ -68,7 +68,7 @@ func TestConfigDefaults(t *testing.T) {
 				Log:  LogConfig{Level: "info", Format: "text"},
 				Auth: AuthConfig{UIDs: tt.uids},
 				Host: HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true,
-					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density"},
+					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density", CapacityAuto: true},
 				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
 				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
 				Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
@@ -142,7 +142,7 @@ capacity = "1GiB"
 		Auth:   AuthConfig{UIDs: []uint32{42}, GIDs: []uint32{7, 8}},
 		// Capacity derived with the file's slab size: 64GiB is a multiple of 1GiB.
 		Host: HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false,
-			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density"},
+			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density", CapacityAuto: true},
 		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
 		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},

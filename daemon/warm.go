@@ -85,10 +85,21 @@ func (d *Daemon) openArena() (*shm.Region, error) {
 	}
 	capacity := int64(d.cfg.Host.Capacity)
 	if arena != nil {
-		r, err := mapStoredArena(arena, capacity)
+		want := capacity
+		if sz, ok := storedArenaSize(arena, int64(d.cfg.Host.SlabBytes)); ok && d.cfg.Host.CapacityAuto {
+			// host.capacity unset: sized from available memory, which the
+			// stored arena itself holds. Keep the stored size.
+			want = sz
+		}
+		r, err := mapStoredArena(arena, want)
 		if err == nil {
+			if want != capacity {
+				d.log.Info("host.capacity unset: keeping the size of the host arena kept by systemd",
+					"bytes", want, "sized_from_memory", capacity)
+				d.cfg.Host.Capacity = ByteSize(want)
+			}
 			d.warm.fromStore = true
-			d.log.Info("using the host arena kept by systemd", "bytes", capacity, "hugepages", r.Huge)
+			d.log.Info("using the host arena kept by systemd", "bytes", want, "hugepages", r.Huge)
 			return r, nil
 		}
 		d.log.Warn("discarding the host arena kept by systemd", "err", err)
@@ -104,6 +115,16 @@ func (d *Daemon) openArena() (*shm.Region, error) {
 		d.warm.index = nil
 	}
 	return shm.CreateRegion("kvtier-host-arena", capacity, d.cfg.Host.HugePages)
+}
+
+// storedArenaSize returns the size of a stored arena if it is one the
+// configuration could have asked for: whole slabs, at least two.
+func storedArenaSize(f *os.File, slab int64) (int64, bool) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || slab <= 0 {
+		return 0, false
+	}
+	return st.Size, st.Size%slab == 0 && st.Size >= 2*slab
 }
 
 // mapStoredArena maps f (which it closes) after shm.MapRegion's checks: a

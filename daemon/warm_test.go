@@ -377,6 +377,46 @@ func TestWarmRestartInProcess(t *testing.T) {
 	r4.stop(t)
 }
 
+// TestWarmRestartAutoCapacity: with host.capacity unset (the shipped
+// config, the README's daemon) the arena is sized from available memory,
+// which the arena systemd holds across a restart makes smaller. The next
+// start keeps the stored arena's size and its blocks; it used to size a
+// smaller arena, discard the stored one and start cold.
+func TestWarmRestartAutoCapacity(t *testing.T) {
+	store := newFakeFdStore(t)
+	const n, bs = 20, 64 * KiB
+	autoCfg := func(avail uint64) Config {
+		cfg := testConfig(t)
+		cfg.Host.Capacity = 0
+		fakeEnv(os.Geteuid(), nil, memInfo{Total: 32 * MiB, Available: avail}).derive(&cfg)
+		return cfg
+	}
+	cfg := autoCfg(32 * MiB) // a quarter of 32MiB: 8MiB
+	if cfg.Host.Capacity != 8*MiB {
+		t.Fatalf("auto capacity %v, want 8MiB", cfg.Host.Capacity)
+	}
+	r1 := startDaemon(t, cfg, nil)
+	putWarm(t, cfg.Socket, n, bs)
+	r1.stop(t)
+	store.sync()
+
+	// The kept arena is resident: half of what is available now is 6MiB.
+	cfg2 := autoCfg(12 * MiB)
+	cfg2.RuntimeDir, cfg2.StateDir, cfg2.Socket = cfg.RuntimeDir, cfg.StateDir, cfg.Socket
+	withStoredFiles(t, store.pass())
+	r2 := startDaemon(t, cfg2, nil)
+	if !r2.d.warm.fromStore || r2.d.warm.adopted != n {
+		t.Fatalf("arena from the store %v, %d blocks adopted (want %d); capacity %v", r2.d.warm.fromStore, r2.d.warm.adopted, n, r2.d.Config().Host.Capacity)
+	}
+	if got := r2.d.Config().Host.Capacity; got != 8*MiB {
+		t.Errorf("host.capacity in effect %v, want the stored arena's 8MiB", got)
+	}
+	if got := getWarm(t, cfg.Socket, n, bs); count(got) != n {
+		t.Errorf("served %d of %d blocks after the restart", count(got), n)
+	}
+	r2.stop(t)
+}
+
 // TestWarmNoSystemd: without NOTIFY_SOCKET nothing is stored and nothing
 // breaks.
 func TestWarmNoSystemd(t *testing.T) {
