@@ -575,11 +575,19 @@ func (cn *conn) submitLate(ctx context.Context, es []shm.SQE, out []shm.CQE, lat
 	if n, err := cn.push(ctx, es); err != nil {
 		// Entries not pushed never reach the daemon: forget them. Those
 		// pushed are abandoned like calls whose caller gave up waiting.
+		// A commit or abort among them would leave its reservation held
+		// in the daemon (the caller's Reservation is finished): abort it
+		// once the ring has room.
+		var undo []shm.SQE
 		cn.pmu.Lock()
 		for i := n; i < len(es); i++ {
 			delete(cn.pending, es[i].UserData)
+			if es[i].Op == shm.OpCommit || es[i].Op == shm.OpAbort {
+				undo = append(undo, shm.SQE{Op: shm.OpAbort, Token: es[i].Token})
+			}
 		}
 		cn.pmu.Unlock()
+		cn.pushAsync(undo)
 		return cn.abandon(es[:n], calls[:n], late), err
 	}
 	var firstErr error

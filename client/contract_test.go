@@ -1,0 +1,81 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/shm"
+)
+
+// A commit whose context ends while the submission ring is full (a daemon
+// that stopped taking entries for a while) never reaches the daemon. The
+// reservation is finished for the caller (ErrDone from then on), so the
+// client must still give its slot back once the daemon takes entries again:
+// otherwise the slot stays reserved, and its hash unputtable, until the
+// session ends.
+func TestFinishNotPushedGivesReservationBack(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		finish func(context.Context, *client.Session, *client.Reservation) error
+	}{
+		{"Commit", func(ctx context.Context, _ *client.Session, r *client.Reservation) error { return r.Commit(ctx) }},
+		{"Abort", func(ctx context.Context, _ *client.Session, r *client.Reservation) error { return r.Abort(ctx) }},
+		{"CommitBatch", func(ctx context.Context, s *client.Session, r *client.Reservation) error {
+			return s.CommitBatch(ctx, []*client.Reservation{r})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const entries = 8
+			f := newFakeDaemon(t, shm.RingLayout{Entries: entries, DataSize: 64 << 10})
+			_, s, ring := f.open(t)
+			const token = 77
+			go func() {
+				e := popN(t, ring, 1)[0]
+				ring.DaemonPush([]shm.CQE{{UserData: e.UserData, Status: shm.StatusOK, Value: token, Offset: 0, Tier: shm.TierHost}})
+			}()
+			h := client.ChainHashes(client.Hash{}, tokens(16, 11), 16)[0]
+			r, err := s.Reserve(context.Background(), h)
+			if err != nil || r == nil {
+				t.Fatal(r, err)
+			}
+			// The daemon stalls: fill the submission ring.
+			for i := range entries {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+				err := s.Nop(ctx)
+				cancel()
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("nop %d: %v", i, err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			err = tc.finish(ctx, s, r)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("%s on a full ring: %v", tc.name, err)
+			}
+			if err := r.Abort(context.Background()); !errors.Is(err, client.ErrDone) {
+				t.Fatalf("abort after the failed %s: %v, want ErrDone", tc.name, err)
+			}
+			// The daemon takes entries again: the reservation must come back
+			// to it (committed or aborted).
+			deadline := time.Now().Add(2 * time.Second)
+			var buf [entries]shm.SQE
+			for time.Now().Before(deadline) {
+				n, err := ring.DaemonPop(buf[:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range buf[:n] {
+					if (e.Op == shm.OpCommit || e.Op == shm.OpAbort) && e.Token == token {
+						return
+					}
+				}
+				ring.DaemonWait(0, time.Millisecond)
+			}
+			t.Fatalf("reservation (token %d) neither committed nor aborted 2s after the daemon resumed: held until the session ends", token)
+		})
+	}
+}
