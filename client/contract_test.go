@@ -79,3 +79,38 @@ func TestFinishNotPushedGivesReservationBack(t *testing.T) {
 		})
 	}
 }
+
+// PutBatch returns how many blocks were stored: when the daemon refuses
+// one commit of the batch, the others were still stored and count.
+func TestPutBatchCountsCommitsOnPartialFailure(t *testing.T) {
+	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 64 << 10})
+	_, s, ring := f.open(t)
+	go func() {
+		es := popN(t, ring, 3)
+		ring.DaemonPush([]shm.CQE{
+			{UserData: es[0].UserData, Status: shm.StatusOK, Value: 1, Offset: 0, Tier: shm.TierHost},
+			{UserData: es[1].UserData, Status: shm.StatusOK, Value: 2, Offset: 8192, Tier: shm.TierHost},
+			{UserData: es[2].UserData, Status: shm.StatusOK, Value: 3, Offset: 16384, Tier: shm.TierHost},
+		})
+		es = popN(t, ring, 3)
+		cqes := make([]shm.CQE, len(es))
+		for i, e := range es {
+			cqes[i] = shm.CQE{UserData: e.UserData, Status: shm.StatusOK}
+			if e.Token == 2 {
+				cqes[i].Status = shm.StatusInternal
+			}
+		}
+		ring.DaemonPush(cqes)
+	}()
+	hs := client.ChainHashes(client.Hash{}, tokens(3*16, 12), 16)
+	blocks := [][]byte{make([]byte, 8192), make([]byte, 8192), make([]byte, 8192)}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := s.PutBatch(ctx, hs, blocks)
+	if err == nil {
+		t.Fatal("put batch with a refused commit succeeded")
+	}
+	if n != 2 {
+		t.Fatalf("put batch: %d stored (%v), want the 2 whose commits the daemon accepted", n, err)
+	}
+}

@@ -409,15 +409,15 @@ func (s *Session) PutBatch(ctx context.Context, hashes []Hash, blocks [][]byte) 
 	if rs == nil {
 		return 0, err
 	}
-	stored := 0
 	for i, r := range rs {
 		if r != nil {
 			copy(r.buf, blocks[i])
-			stored++
 		}
 	}
-	if cerr := s.CommitBatch(ctx, rs); cerr != nil {
-		return 0, cerr
+	// Commits the daemon accepted are stored even when others failed.
+	stored, cerr := finishBatch(ctx, rs, shm.OpCommit)
+	if cerr != nil {
+		return stored, cerr
 	}
 	return stored, err
 }
