@@ -644,8 +644,9 @@ func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) e
 
 // Resume copies the blocks of a parked request back into dsts (one batched
 // call; blocks swapped out to NVMe are promoted first) and releases them.
-// ErrNotFound if any block is gone (TTL, or never parked); then nothing is
-// released.
+// ErrNotFound if any block is gone (TTL, or never parked); ErrFull if the
+// host tier has no room to bring them up now (retry later). In either case
+// nothing is released.
 func (s *Session) Resume(ctx context.Context, requestID uint64, dsts [][]byte) error {
 	for _, b := range dsts {
 		if uint64(len(b)) != s.ns.BlockBytes {

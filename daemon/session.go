@@ -104,6 +104,7 @@ type deferredCQE struct {
 	userData uint64
 	hd       *tiers.Handle
 	err      error
+	parked   bool // the block of a parked request
 }
 
 // deferredWait bounds how long a closing session waits for promotions it
@@ -453,7 +454,12 @@ func (s *session) drainDeferred(out []shm.CQE) int {
 			s.outstanding--
 			c := &out[n]
 			*c = shm.CQE{UserData: d.userData}
-			if d.err != nil {
+			if d.err != nil && d.parked && errors.Is(d.err, tiers.ErrFull) {
+				// Not a miss: a parked block is kept until resumed, and a
+				// miss tells the client it is gone.
+				s.log.Warn("promotion of a parked block found the host tier full", "err", d.err)
+				c.Status = shm.StatusFull
+			} else if d.err != nil {
 				s.log.Warn("promotion failed; answering a miss", "err", d.err)
 				c.Status = shm.StatusNotFound
 			} else {
@@ -564,9 +570,9 @@ func (s *session) dispatch(e *shm.SQE, c *shm.CQE) (later bool, err error) {
 			c.Status = shm.StatusFull
 			return false, nil
 		}
-		ud := e.UserData
+		ud, parked := e.UserData, key.Parked()
 		done := func(hd *tiers.Handle, err error) {
-			s.deferred <- deferredCQE{userData: ud, hd: hd, err: err}
+			s.deferred <- deferredCQE{userData: ud, hd: hd, err: err, parked: parked}
 			s.interrupt()
 		}
 		var h *tiers.Handle

@@ -680,7 +680,7 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 		}
 		if err != nil {
 			c.promoteErrs.Add(1)
-			errs[i] = fmt.Errorf("%w: reserve host slot: %v", ErrPromote, err)
+			errs[i] = fmt.Errorf("%w: reserve host slot: %w", ErrPromote, err)
 			continue
 		}
 		if c.ioHook != nil {

@@ -1,0 +1,73 @@
+package itest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/client"
+)
+
+// TestResumeHostFullNotGone: a Resume that finds the host tier full of
+// other sessions' reservations cannot bring the parked blocks up from NVMe
+// for now. The request is intact (nothing released), so Resume must not
+// answer ErrNotFound, which says its blocks are gone (TTL, or never
+// parked), and a caller would recompute and leave them parked until the
+// TTL; it answers ErrFull, and the same Resume works once slots are free.
+func TestResumeHostFullNotGone(t *testing.T) {
+	const bs = 1 << 20
+	ip := startInProc(t, "32MiB", 4<<20, withNVMe)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := dial(t, ip.cfg.Socket)
+	s := open(t, c, testNS("park-full", bs))
+	other := open(t, c, testNS("park-full", bs))
+
+	const req, n = 9, 8
+	blocks := make([][]byte, n)
+	for i := range blocks {
+		blocks[i] = payload(client.Hash{Hi: req, Lo: uint64(i) + 500}, bs)
+	}
+	if err := s.Park(ctx, req, blocks); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
+		used, _ := hostUsed(st)
+		return st.ParkedBlocks == n && used == 0
+	}); !ok {
+		t.Fatalf("parked blocks not swapped out: %+v", stats(t, c).Tiers)
+	}
+	// Another session holds all but 4 of the host tier's 32 slots.
+	rs, err := other.ReserveBatch(ctx, chain(21, 28))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.AbortBatch(context.Background(), rs)
+	dsts := make([][]byte, n)
+	for i := range dsts {
+		dsts[i] = make([]byte, bs)
+	}
+	err = s.Resume(ctx, req, dsts)
+	if err == nil {
+		t.Fatal("resume of 8 MiB into 4 free MiB succeeded")
+	}
+	if got := parkedBlocks(t, c); got != n {
+		t.Fatalf("%d parked blocks after the failed resume, want all %d", got, n)
+	}
+	if errors.Is(err, client.ErrNotFound) || !errors.Is(err, client.ErrFull) {
+		t.Fatalf("resume with the host tier full of reservations: %v; want ErrFull, not ErrNotFound (the request is intact)", err)
+	}
+	if err := other.AbortBatch(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx, req, dsts); err != nil {
+		t.Fatalf("resume once the host tier has room: %v", err)
+	}
+	for i := range dsts {
+		if !bytes.Equal(dsts[i], blocks[i]) {
+			t.Fatalf("resumed block %d differs", i)
+		}
+	}
+}
