@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/daemon"
 )
 
 // TestResumeHostFullNotGone: a Resume that finds the host tier full of
@@ -67,6 +68,77 @@ func TestResumeHostFullNotGone(t *testing.T) {
 	}
 	for i := range dsts {
 		if !bytes.Equal(dsts[i], blocks[i]) {
+			t.Fatalf("resumed block %d differs", i)
+		}
+	}
+}
+
+// TestParkedKeptWhenDiskFreesUp: a parked request whose write-through
+// failed because parked requests filled the NVMe budget stays in the host
+// tier. Once the disk has room again (those requests resumed), it must not
+// be dropped for space: a host tier short of slots evicts it unless it is
+// held (and written down when it can be).
+func TestParkedKeptWhenDiskFreesUp(t *testing.T) {
+	const bs = 1 << 20
+	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
+		withNVMe(c)
+		c.NVMe.Capacity = 64 << 20
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := dial(t, ip.cfg.Socket)
+	s := open(t, c, testNS("park-disk", bs))
+	const per = 16
+	park := func(req uint64) [][]byte {
+		blocks := make([][]byte, per)
+		for i := range blocks {
+			blocks[i] = payload(client.Hash{Hi: req, Lo: uint64(i) + 700}, bs)
+		}
+		if err := s.Park(ctx, req, blocks); err != nil {
+			t.Fatalf("park %d: %v", req, err)
+		}
+		return blocks
+	}
+	// Park 16 MiB requests until one cannot be written through.
+	var full uint64
+	var fullBlocks [][]byte
+	for req := uint64(1); req <= 8 && full == 0; req++ {
+		blocks := park(req)
+		st, _, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
+			used, _ := hostUsed(st)
+			return used == 0 || moveStats(st, "host", "nvme").Errors > 0
+		})
+		if !ok {
+			t.Fatalf("park %d neither written through nor refused: %+v", req, st.Tiers)
+		}
+		if moveStats(st, "host", "nvme").Errors > 0 {
+			full, fullBlocks = req, blocks
+		}
+	}
+	if full == 0 {
+		t.Fatal("128 MiB of parked requests never filled a 64 MiB NVMe budget")
+	}
+	// Resume the others: the disk has room again.
+	dst := make([][]byte, per)
+	for i := range dst {
+		dst[i] = make([]byte, bs)
+	}
+	for req := uint64(1); req < full; req++ {
+		if err := s.Resume(ctx, req, dst); err != nil {
+			t.Fatalf("resume %d: %v", req, err)
+		}
+	}
+	// Another session wants the whole host tier.
+	other := open(t, c, testNS("park-disk", bs))
+	rs, _ := other.ReserveBatch(ctx, chain(31, 32))
+	if err := other.AbortBatch(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resume(ctx, full, dst); err != nil {
+		t.Fatalf("resume of the request parked while the disk was full, after the disk had room: %v", err)
+	}
+	for i := range dst {
+		if !bytes.Equal(dst[i], fullBlocks[i]) {
 			t.Fatalf("resumed block %d differs", i)
 		}
 	}

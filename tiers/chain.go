@@ -95,6 +95,11 @@ type Chain struct {
 	parkMu sync.Mutex
 	parked map[Key]time.Time
 	parkCh chan *Handle
+	// parkRetry (parkMu) holds parked blocks whose write-through failed
+	// (disk budget full of parked blocks, a write error, too large for
+	// NVMe): still pinned in the host tier, never dropped for space, and
+	// written down again at each tick of expireLoop.
+	parkRetry []*Handle
 
 	// The replacement policy sees the host tier through events (insert,
 	// access, remove) applied by policyLoop, so ring loops never wait on
@@ -455,6 +460,13 @@ func (c *Chain) Wait() {
 		default:
 			drained = true
 		}
+	}
+	c.parkMu.Lock()
+	retry := c.parkRetry
+	c.parkRetry = nil
+	c.parkMu.Unlock()
+	for _, hd := range retry {
+		c.Host.Unpin(hd, false)
 	}
 	c.mu.Lock()
 	left := make([]*promotion, 0, len(c.inflight))
@@ -1088,31 +1100,43 @@ func (c *Chain) parkLoop(ctx context.Context) {
 				break more
 			}
 		}
-		live := run[:0]
-		for _, hd := range run {
-			if c.isParked(hd.Key) {
-				live = append(live, hd)
-			} else {
-				c.Host.Unpin(hd, false) // resumed or released meanwhile
-			}
+		c.writeThrough(run, true)
+	}
+}
+
+// writeThrough writes pinned parked blocks down to NVMe and drops their
+// host copies. Blocks resumed or released meanwhile are unpinned; blocks
+// that could not be written stay pinned for the next retry (counted as
+// park errors on their first attempt).
+func (c *Chain) writeThrough(run []*Handle, first bool) {
+	live := run[:0]
+	for _, hd := range run {
+		if c.isParked(hd.Key) {
+			live = append(live, hd)
+		} else {
+			c.Host.Unpin(hd, false) // resumed or released meanwhile
 		}
-		written, _ := c.writeDown(live)
-		for i, ok := range written {
-			hd := live[i]
-			if !ok {
+	}
+	written, _ := c.writeDown(live)
+	for i, ok := range written {
+		hd := live[i]
+		if !ok {
+			if first {
 				c.parkErrors.Add(1)
-				c.Host.Unpin(hd, false)
-				continue
 			}
-			if !c.isParked(hd.Key) {
-				// Released while we wrote: do not leave an unevictable
-				// orphan on disk.
-				c.NVMe.Delete(nk(hd.Key))
-			}
-			if dropped, _ := c.Host.Unpin(hd, true); dropped {
-				c.demoted.Add(1)
-				c.demotedBytes.Add(uint64(hd.Size))
-			}
+			c.parkMu.Lock()
+			c.parkRetry = append(c.parkRetry, hd)
+			c.parkMu.Unlock()
+			continue
+		}
+		if !c.isParked(hd.Key) {
+			// Released while we wrote: do not leave an unevictable
+			// orphan on disk.
+			c.NVMe.Delete(nk(hd.Key))
+		}
+		if dropped, _ := c.Host.Unpin(hd, true); dropped {
+			c.demoted.Add(1)
+			c.demotedBytes.Add(uint64(hd.Size))
 		}
 	}
 }
@@ -1141,6 +1165,15 @@ func (c *Chain) expireLoop(ctx context.Context) {
 			}
 			if len(dead) > 0 {
 				c.log.Info("parked blocks expired", "blocks", len(dead), "ttl", c.cfg.ParkTTL)
+			}
+			c.parkMu.Lock()
+			retry := c.parkRetry
+			c.parkRetry = nil
+			c.parkMu.Unlock()
+			for len(retry) > 0 {
+				n := min(len(retry), writeRun)
+				c.writeThrough(retry[:n], false)
+				retry = retry[n:]
 			}
 		}
 	}
