@@ -114,3 +114,56 @@ func TestPutBatchCountsCommitsOnPartialFailure(t *testing.T) {
 		t.Fatalf("put batch: %d stored (%v), want the 2 whose commits the daemon accepted", n, err)
 	}
 }
+
+// A Park whose commits fail midway (here its context ends while the daemon
+// has answered one of two commits) returns an error; it must not leave
+// the request half parked: a retry of the Park would fail with ErrParked
+// and a Resume with ErrNotFound, and the committed blocks would hold
+// unevictable disk until the TTL. The client drops what it committed.
+func TestParkFailedCommitLeavesNothingParked(t *testing.T) {
+	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 64 << 10})
+	_, s, ring := f.open(t)
+	const req = 4711
+	deleted := make(chan shm.Hash, 8)
+	go func() {
+		defer close(deleted)
+		es := popN(t, ring, 2)
+		ring.DaemonPush([]shm.CQE{
+			{UserData: es[0].UserData, Status: shm.StatusOK, Value: 1, Offset: 0, Tier: shm.TierHost},
+			{UserData: es[1].UserData, Status: shm.StatusOK, Value: 2, Offset: 8192, Tier: shm.TierHost},
+		})
+		es = popN(t, ring, 2)
+		for _, e := range es {
+			if e.Token == 1 { // the other commit is never answered
+				ring.DaemonPush([]shm.CQE{{UserData: e.UserData, Status: shm.StatusOK}})
+			}
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		var buf [8]shm.SQE
+		for seen := 0; seen < 2 && time.Now().Before(deadline); {
+			n, _ := ring.DaemonPop(buf[:])
+			for _, e := range buf[:n] {
+				if e.Op == shm.OpDelete && e.Flags&shm.SQEFlagParked != 0 {
+					deleted <- e.Hash
+					seen++
+				}
+			}
+			ring.DaemonWait(0, time.Millisecond)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := s.Park(ctx, req, [][]byte{make([]byte, 8192), make([]byte, 8192)})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("park with an unanswered commit: %v", err)
+	}
+	got := map[shm.Hash]bool{}
+	for h := range deleted {
+		got[h] = true
+	}
+	for i := range 2 {
+		if h := (shm.Hash{Hi: req, Lo: uint64(i)}); !got[h] {
+			t.Errorf("parked block %d of the failed Park was never dropped (deleted: %v)", i, got)
+		}
+	}
+}

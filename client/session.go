@@ -613,7 +613,8 @@ var ErrParked = errors.New("kvtier: request already parked")
 // sharing): only Resume and Unpark with the same id reach them. The daemon
 // writes them through to NVMe and drops them from host memory; they are kept
 // until resumed, unparked or the daemon's park TTL, and never dropped for
-// space while the disk has room.
+// space while the disk has room. A Park that fails parks nothing (with
+// ErrParked, the request parked before stays as it was).
 func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) error {
 	for _, b := range blocks {
 		if uint64(len(b)) != s.ns.BlockBytes {
@@ -637,6 +638,20 @@ func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) e
 		return fmt.Errorf("park request %d: %w", requestID, err)
 	}
 	if err := s.CommitBatch(ctx, rs); err != nil {
+		// Some commits may have landed: drop the request's blocks, so that
+		// a failed Park leaves nothing parked (a retry would find it
+		// ErrParked, a Resume ErrNotFound). The ring keeps the order: a
+		// commit still on its way lands before these deletes.
+		es := make([]shm.SQE, len(rs))
+		for i, h := range parkHashes(requestID, len(rs)) {
+			es[i] = shm.SQE{Op: shm.OpDelete, Flags: shm.SQEFlagParked, Hash: h}
+		}
+		for _, r := range rs {
+			if r != nil {
+				r.cn.pushAsync(es)
+				break
+			}
+		}
 		return fmt.Errorf("park request %d: %w", requestID, err)
 	}
 	return nil
