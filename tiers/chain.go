@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1107,8 +1108,9 @@ func (c *Chain) parkLoop(ctx context.Context) {
 // writeThrough writes pinned parked blocks down to NVMe and drops their
 // host copies. Blocks resumed or released meanwhile are unpinned; blocks
 // that could not be written stay pinned for the next retry (counted as
-// park errors on their first attempt).
-func (c *Chain) writeThrough(run []*Handle, first bool) {
+// park errors on their first attempt). It reports whether any block of run
+// could not be written.
+func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 	live := run[:0]
 	for _, hd := range run {
 		if c.isParked(hd.Key) {
@@ -1121,6 +1123,7 @@ func (c *Chain) writeThrough(run []*Handle, first bool) {
 	for i, ok := range written {
 		hd := live[i]
 		if !ok {
+			failed = true
 			if first {
 				c.parkErrors.Add(1)
 			}
@@ -1139,6 +1142,7 @@ func (c *Chain) writeThrough(run []*Handle, first bool) {
 			c.demotedBytes.Add(uint64(hd.Size))
 		}
 	}
+	return failed
 }
 
 // expireLoop deletes parked requests whose TTL passed.
@@ -1172,8 +1176,16 @@ func (c *Chain) expireLoop(ctx context.Context) {
 			c.parkMu.Unlock()
 			for len(retry) > 0 {
 				n := min(len(retry), writeRun)
-				c.writeThrough(retry[:n], false)
+				failed := c.writeThrough(retry[:n], false)
 				retry = retry[n:]
+				if failed && len(retry) > 0 {
+					// Still no room (or failing): the rest waits for the
+					// next tick, ahead of the blocks that just failed.
+					c.parkMu.Lock()
+					c.parkRetry = append(slices.Clone(retry), c.parkRetry...)
+					c.parkMu.Unlock()
+					break
+				}
 			}
 		}
 	}
