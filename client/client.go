@@ -148,7 +148,7 @@ func (c *Client) Open(ctx context.Context, ns Namespace) (*Session, error) {
 	if err := ns.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Session{c: c, ns: ns}
+	s := &Session{c: c, ns: ns, closeDone: make(chan struct{})}
 	cn, err := s.dial(ctx)
 	if err != nil {
 		return nil, err

@@ -24,6 +24,9 @@ type Session struct {
 	// devOps counts device ops whose copies may still run (device.go);
 	// Add only under mu while !closed.
 	devOps sync.WaitGroup
+	// closeDone is closed when the first Close has finished; later Closes
+	// wait for it.
+	closeDone chan struct{}
 }
 
 // Namespace is the session's namespace.
@@ -64,15 +67,17 @@ func (s *Session) conn(ctx context.Context) (*conn, error) {
 // copies in flight (DeviceOp) are waited for first: their events complete,
 // then their reservations are committed (or aborted) and their leases
 // released, so that no slot goes back to the daemon while a copy still
-// touches it.
+// touches it. A Close that finds another in progress waits for it.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		<-s.closeDone // a concurrent Close may still be waiting for copies
 		return nil
 	}
 	s.closed = true
 	s.mu.Unlock()
+	defer close(s.closeDone)
 	s.devOps.Wait()
 	s.mu.Lock()
 	cn := s.cur
