@@ -90,7 +90,7 @@ type Options struct {
 type Client struct {
 	opts   Options
 	dev    cudaipc.Device // opts.Device, or the one GPU opened
-	ownDev bool
+	ownDev bool           // (mu)
 
 	mu       sync.Mutex
 	sessions map[*Session]struct{}
@@ -175,13 +175,14 @@ func (c *Client) Close() error {
 	for s := range c.sessions {
 		ss = append(ss, s)
 	}
+	ownDev := c.ownDev // the first Close closes the GPU it opened
+	c.ownDev = false
 	c.mu.Unlock()
 	for _, s := range ss {
 		s.Close() // waits for the session's device ops
 	}
 	c.closeEvents()
-	if c.ownDev {
-		c.ownDev = false
+	if ownDev {
 		c.dev.Close() // best effort: leases still open keep their mappings
 	}
 	return nil

@@ -3,10 +3,12 @@ package client_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -214,4 +216,28 @@ func TestCloseRacingCloseWaitsForDeviceOps(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Client is safe for concurrent use: two Closes at once (a shutdown path and
+// a deferred Close) must close the GPU the client opened once, without a
+// data race on it (run with -race).
+func TestConcurrentClientCloseOwnGPU(t *testing.T) {
+	sock := startDaemon(t)
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
+	c, err := client.Dial(context.Background(), client.Options{Socket: sock, GPU: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			c.Close()
+		}()
+	}
+	close(start)
+	wg.Wait()
 }
