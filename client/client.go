@@ -319,12 +319,23 @@ func (c *Client) Evict(ctx context.Context, namespaceID uint32, all bool) (int, 
 	return r.Evicted, nil
 }
 
+// flushWait bounds a Flush whose context has no deadline: the daemon stops
+// writing after 60 s and answers with what it wrote.
+const flushWait = 2 * time.Minute
+
 // Flush asks the daemon to write every host-tier block that has no copy in
 // NVMe down to NVMe (the host tier keeps its copies) and returns how many
 // blocks it wrote. Without an NVMe tier it writes nothing and returns 0. The
 // daemon bounds the write-down; if it stops early, Flush returns the blocks
-// written so far with an error.
+// written so far with an error. Without a deadline on ctx, Flush waits for
+// that answer (up to two minutes), not just Options.DialTimeout.
 func (c *Client) Flush(ctx context.Context) (int, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		// Not DialTimeout, a control call's bound: wait for the daemon's.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, flushWait)
+		defer cancel()
+	}
 	p, err := c.adminCall(ctx, shm.MsgFlushReq, nil, shm.MsgFlushReply)
 	if err != nil {
 		return 0, fmt.Errorf("flush: %w", err)

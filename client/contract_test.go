@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -240,4 +241,34 @@ func TestConcurrentClientCloseOwnGPU(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
+}
+
+// Flush writes a whole host tier down and the daemon bounds it (60 s); a
+// caller whose context has no deadline waits for the daemon's answer. It
+// used to be cut at DialTimeout (5 s by default, a control call's bound)
+// and reported ErrDisconnected, a lost connection, while the daemon was
+// still writing.
+func TestFlushWaitsPastDialTimeout(t *testing.T) {
+	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 64 << 10})
+	serve := func(uc *net.UnixConn) {
+		raw, _, err := shm.RecvMsg(uc, make([]byte, shm.MaxControlMsg), 0)
+		if err != nil {
+			return // Dial's check: closed after the Welcome
+		}
+		if mt, _, _, err := shm.DecodeMsg(raw); err != nil || mt != shm.MsgFlushReq {
+			return
+		}
+		time.Sleep(300 * time.Millisecond) // a flush longer than DialTimeout
+		shm.SendMsg(uc, shm.EncodeMsg(shm.MsgFlushReply, shm.ProtocolVersion, []byte(`{"blocks":7}`)))
+	}
+	f.admin.Store(&serve)
+	c, err := client.Dial(context.Background(), client.Options{Socket: f.sock, DialTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n, err := c.Flush(context.Background())
+	if err != nil || n != 7 {
+		t.Fatalf("flush of 300 ms with a 100 ms DialTimeout and no deadline: %d blocks, %v; want 7, nil", n, err)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +34,8 @@ type fakeDaemon struct {
 	conns  []*net.UnixConn
 	rings  []*shm.Region
 	sess   chan *shm.Ring // daemon-side view of each session's rings
+	// admin, if set, serves each admin connection after its Welcome.
+	admin atomic.Pointer[func(*net.UnixConn)]
 }
 
 func sealedMemfd(t *testing.T, name string, size int64) int {
@@ -105,6 +108,13 @@ func (f *fakeDaemon) accept() {
 		if h.Flags&shm.HelloFlagAdmin != 0 {
 			w := shm.Welcome{SessionID: 1}
 			shm.SendMsg(uc, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode()))
+			if serve := f.admin.Load(); serve != nil {
+				f.wg.Add(1)
+				go func() {
+					defer f.wg.Done()
+					(*serve)(uc)
+				}()
+			}
 			continue
 		}
 		afd := sealedMemfd(f.t, "fake-arena", f.arena)
