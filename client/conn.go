@@ -64,6 +64,12 @@ type conn struct {
 	unrung    bool
 	bellArmed atomic.Bool
 	bell      *time.Timer // rings for lazy entries; runs ringLazy
+	// overflow (sqMu) holds lazy entries (releases) that found the
+	// submission ring full: a release does not wait for the daemon. They
+	// keep their place: push sends them before any later entry, and
+	// drainOverflow (running while overflowing) once the ring has room.
+	overflow    []shm.SQE
+	overflowing bool
 
 	// pollMu makes the completion ring single-consumer: whoever holds it
 	// (a waiting caller or the reaper) pops and dispatches. cqBuf is its
@@ -469,7 +475,10 @@ const lazyBell = 200 * time.Microsecond
 // putting and getting 2 MiB blocks; 0.6 µs when the release rang at once).
 func (cn *conn) pushLazy(es []shm.SQE) error {
 	cn.sqMu.Lock()
-	n := cn.ring.ClientPush(es)
+	n := 0
+	if len(cn.overflow) == 0 {
+		n = cn.ring.ClientPush(es)
+	}
 	if n > 0 && cn.ring.ClientNeedsWake() {
 		cn.unrung = true
 	}
@@ -481,9 +490,59 @@ func (cn *conn) pushLazy(es []shm.SQE) error {
 		cn.sqMu.Unlock()
 		return nil
 	}
-	cn.sqMu.Unlock()
-	_, err := cn.push(context.Background(), es[n:]) // rings for the lazy ones too
-	return err
+	defer cn.sqMu.Unlock()
+	if cn.isDead() {
+		return cn.errDead()
+	}
+	// The ring is full (the daemon stalls): queue the rest and return.
+	cn.unrung = false
+	cn.ring.ClientWake()
+	cn.overflow = append(cn.overflow, es[n:]...)
+	if !cn.overflowing && cn.tryRef() {
+		cn.overflowing = true
+		go cn.drainOverflow()
+	}
+	return nil
+}
+
+// pushOverflowLocked pushes queued lazy entries and reports whether none
+// is left. sqMu held.
+func (cn *conn) pushOverflowLocked() bool {
+	if len(cn.overflow) == 0 {
+		return true
+	}
+	if k := cn.ring.ClientPush(cn.overflow); k > 0 {
+		cn.overflow = cn.overflow[k:]
+		cn.unrung = false
+		cn.ring.ClientWake()
+	}
+	if len(cn.overflow) == 0 {
+		cn.overflow = nil
+		return true
+	}
+	return false
+}
+
+// drainOverflow pushes the overflow as the ring makes room, until it is
+// empty or the connection dies (then the daemon frees everything). It holds
+// a reference on the mappings, taken by its starter.
+func (cn *conn) drainOverflow() {
+	defer cn.unref()
+	wait := 10 * time.Microsecond
+	for {
+		cn.sqMu.Lock()
+		if cn.pushOverflowLocked() || cn.isDead() {
+			cn.overflow, cn.overflowing = nil, false
+			cn.sqMu.Unlock()
+			return
+		}
+		cn.sqMu.Unlock()
+		// The daemon stops taking submissions while the completion ring
+		// is full: drain it.
+		cn.poll()
+		time.Sleep(wait)
+		wait = min(2*wait, time.Millisecond)
+	}
 }
 
 // ringLazy (the bell timer) rings the doorbell for lazily pushed entries
@@ -511,7 +570,10 @@ func (cn *conn) push(ctx context.Context, es []shm.SQE) (int, error) {
 	pushed := 0
 	for pushed < len(es) {
 		cn.sqMu.Lock()
-		n := cn.ring.ClientPush(es[pushed:])
+		n := 0
+		if cn.pushOverflowLocked() { // queued releases go first
+			n = cn.ring.ClientPush(es[pushed:])
+		}
 		pushed += n
 		if n > 0 {
 			cn.unrung = false

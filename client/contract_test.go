@@ -35,7 +35,9 @@ func TestFinishNotPushedGivesReservationBack(t *testing.T) {
 			f := newFakeDaemon(t, shm.RingLayout{Entries: entries, DataSize: 64 << 10})
 			_, s, ring := f.open(t)
 			const token = 77
+			served := make(chan struct{}) // the test pops the ring after this goroutine
 			go func() {
+				defer close(served)
 				e := popN(t, ring, 1)[0]
 				ring.DaemonPush([]shm.CQE{{UserData: e.UserData, Status: shm.StatusOK, Value: token, Offset: 0, Tier: shm.TierHost}})
 			}()
@@ -62,6 +64,7 @@ func TestFinishNotPushedGivesReservationBack(t *testing.T) {
 			if err := r.Abort(context.Background()); !errors.Is(err, client.ErrDone) {
 				t.Fatalf("abort after the failed %s: %v, want ErrDone", tc.name, err)
 			}
+			<-served
 			// The daemon takes entries again: the reservation must come back
 			// to it (committed or aborted).
 			deadline := time.Now().Add(2 * time.Second)
@@ -271,4 +274,74 @@ func TestFlushWaitsPastDialTimeout(t *testing.T) {
 	if err != nil || n != 7 {
 		t.Fatalf("flush of 300 ms with a 100 ms DialTimeout and no deadline: %d blocks, %v; want 7, nil", n, err)
 	}
+}
+
+// Release does not wait for the daemon (package doc): with the submission
+// ring full (a stalled daemon), it must return, and the release reach the
+// daemon once it takes entries again.
+func TestReleaseOnFullRingDoesNotWait(t *testing.T) {
+	const entries = 8
+	f := newFakeDaemon(t, shm.RingLayout{Entries: entries, DataSize: 64 << 10})
+	_, s, ring := f.open(t)
+	const token = 99
+	served := make(chan struct{}) // the test pops the ring after this goroutine
+	go func() {
+		defer close(served)
+		e := popN(t, ring, 1)[0]
+		ring.DaemonPush([]shm.CQE{{UserData: e.UserData, Status: shm.StatusOK, Value: token, Offset: 0, Tier: shm.TierHost}})
+	}()
+	h := client.ChainHashes(client.Hash{}, tokens(16, 13), 16)[0]
+	l, err := s.Acquire(context.Background(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range entries { // the daemon stalls: fill the submission ring
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		err := s.Nop(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("nop %d: %v", i, err)
+		}
+	}
+	done, ok := returnsWithin(time.Second, func() { err = l.Release() })
+	if !ok {
+		s.Close() // unblocks it
+		<-done
+		t.Fatalf("Release blocked for 1s on a full submission ring (stalled daemon); after Close: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-served
+	// A later call of the session still comes after the release (the
+	// rings are ordered).
+	later := make(chan struct{})
+	go func() {
+		defer close(later)
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		s.Delete(ctx, h)
+	}()
+	defer func() { <-later }()
+	deadline := time.Now().Add(2 * time.Second)
+	var buf [entries]shm.SQE
+	released := false
+	for time.Now().Before(deadline) {
+		n, err := ring.DaemonPop(buf[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range buf[:n] {
+			switch {
+			case e.Op == shm.OpRelease && e.Token == token:
+				released = true
+			case e.Op == shm.OpDelete && !released:
+				t.Fatal("a later call of the session reached the daemon before the release")
+			case e.Op == shm.OpDelete:
+				return
+			}
+		}
+		ring.DaemonWait(0, time.Millisecond)
+	}
+	t.Fatalf("after the daemon took entries again: release seen %v, the later delete not seen", released)
 }
