@@ -1113,7 +1113,9 @@ func (c *Chain) parkLoop(ctx context.Context) {
 func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 	live := run[:0]
 	for _, hd := range run {
-		if c.isParked(hd.Key) {
+		// The handle, not just the key: a request released and parked
+		// again under the same id has a new handle of its own.
+		if c.isParked(hd.Key) && !c.Host.Deleted(hd) {
 			live = append(live, hd)
 		} else {
 			c.Host.Unpin(hd, false) // resumed or released meanwhile

@@ -35,3 +35,29 @@ func TestOversizeParkedBlockKept(t *testing.T) {
 		t.Fatal("delete of the parked block")
 	}
 }
+
+// TestReparkedKeyFreesOldHandle: a parked block kept in the host tier
+// (too large for NVMe) is released and its request parked again under the
+// same id. The old block's slot, pinned for the write-through retry, must
+// be freed: the key is parked again, but by a new block.
+func TestReparkedKeyFreesOldHandle(t *testing.T) {
+	o := rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, cfg: ChainConfig{ParkTTL: 5 * time.Second}}
+	r := newChainRig(t, o)
+	size := r.store.MaxBlockBytes() + 4096
+	if size > 1<<20 {
+		o.hostBytes, o.slabBytes = 4*(size+4096), size+4096
+		r = newChainRig(t, o)
+	}
+	k := Key{NS: 3 | ParkedNS, Hash: chainKey(72, 1).Hash}
+	r.putHost(t, k, size)
+	eventually(t, 5*time.Second, "the write-through to fail", func() bool { return r.c.Stats().ParkErrors == 1 })
+	if !r.c.Delete(k) { // resumed
+		t.Fatal("delete of the parked block")
+	}
+	r.putHost(t, k, size) // parked again
+	eventually(t, 5*time.Second, "the second write-through to fail", func() bool { return r.c.Stats().ParkErrors == 2 })
+	eventually(t, 2*time.Second, "the released block's slot to be freed", func() bool { return r.h.Stats().Leased == 1 })
+	if !r.c.Delete(k) || r.inAny(k) {
+		t.Fatal("delete of the parked block")
+	}
+}
