@@ -618,7 +618,9 @@ var ErrParked = errors.New("kvtier: request already parked")
 // sharing): only Resume and Unpark with the same id reach them. The daemon
 // writes them through to NVMe and drops them from host memory; they are kept
 // until resumed, unparked or the daemon's park TTL, and never dropped for
-// space while the disk has room. A Park that fails parks nothing (with
+// space while the disk has room. Blocks the disk has no room for stay in
+// host memory, held for a retry up to half the host tier and evictable
+// beyond it (kvtier_errors_total{kind="park"} counts them). A Park that fails parks nothing (with
 // ErrParked, the request parked before stays as it was).
 func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) error {
 	for _, b := range blocks {

@@ -143,3 +143,68 @@ func TestParkedKeptWhenDiskFreesUp(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedParksHoldAtMostHalfTheHost: parked blocks that cannot be
+// written through (the disk budget is full of parked requests) stay pinned
+// for a retry, but only up to half the host tier: parks failing beyond it
+// leave their blocks evictable, so a session's own puts still get half the
+// tier however many parks fail.
+func TestFailedParksHoldAtMostHalfTheHost(t *testing.T) {
+	const bs = 1 << 20
+	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
+		withNVMe(c)
+		c.NVMe.Capacity = 64 << 20
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := dial(t, ip.cfg.Socket)
+	s := open(t, c, testNS("park-share", bs))
+	const per = 16
+	park := func(req uint64) {
+		blocks := make([][]byte, per)
+		for i := range blocks {
+			blocks[i] = payload(client.Hash{Hi: req, Lo: uint64(i) + 900}, bs)
+		}
+		if err := s.Park(ctx, req, blocks); err != nil {
+			t.Fatalf("park %d: %v", req, err)
+		}
+	}
+	// Park 16 MiB requests until write-through fails, then two more.
+	failed := 0
+	for req := uint64(1); req <= 12 && failed < 3; req++ {
+		park(req)
+		before := failed
+		st, _, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
+			used, _ := hostUsed(st)
+			return used == int64(failed)*per*bs || moveStats(st, "host", "nvme").Errors > uint64(failed)
+		})
+		if !ok {
+			t.Fatalf("park %d neither written through nor refused: %+v", req, st.Tiers)
+		}
+		if moveStats(st, "host", "nvme").Errors > uint64(before) {
+			failed++
+		}
+	}
+	if failed < 3 {
+		t.Fatal("parked requests never filled the 64 MiB NVMe budget")
+	}
+	// Another session wants half the host tier.
+	other := open(t, c, testNS("park-share", bs))
+	hs := chain(41, per)
+	rs, err := other.ReserveBatch(ctx, hs)
+	got := 0
+	for _, r := range rs {
+		if r != nil {
+			got++
+		}
+	}
+	if got != per {
+		st, _ := c.Stats(ctx)
+		used, capacity := hostUsed(st)
+		t.Fatalf("reserved %d of %d blocks (err %v) with %d of %d host bytes used: failed parks pinned more than half the tier",
+			got, per, err, used, capacity)
+	}
+	if err := other.AbortBatch(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -101,6 +101,10 @@ type Chain struct {
 	// NVMe): still pinned in the host tier, never dropped for space, and
 	// written down again at each tick of expireLoop.
 	parkRetry []*Handle
+	// parkRetryBytes (parkMu) is the size of parkRetry's blocks, held to
+	// parkHoldShare of the host tier so that parks failing against a full
+	// disk cannot pin the whole host tier for their TTL.
+	parkRetryBytes int64
 
 	// The replacement policy sees the host tier through events (insert,
 	// access, remove) applied by policyLoop, so ring loops never wait on
@@ -464,7 +468,7 @@ func (c *Chain) Wait() {
 	}
 	c.parkMu.Lock()
 	retry := c.parkRetry
-	c.parkRetry = nil
+	c.parkRetry, c.parkRetryBytes = nil, 0
 	c.parkMu.Unlock()
 	for _, hd := range retry {
 		c.Host.Unpin(hd, false)
@@ -1105,10 +1109,16 @@ func (c *Chain) parkLoop(ctx context.Context) {
 	}
 }
 
+// parkHoldShare: at most 1/parkHoldShare of the host tier holds parked
+// blocks pinned after their write-through failed; the rest of the tier
+// stays for live traffic however many parks fail.
+const parkHoldShare = 2
+
 // writeThrough writes pinned parked blocks down to NVMe and drops their
 // host copies. Blocks resumed or released meanwhile are unpinned; blocks
 // that could not be written stay pinned for the next retry (counted as
-// park errors on their first attempt). It reports whether any block of run
+// park errors on their first attempt) while they fit in the host tier's
+// share for them (parkHoldShare), and are left evictable beyond it. It reports whether any block of run
 // could not be written.
 func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 	live := run[:0]
@@ -1122,6 +1132,7 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 		}
 	}
 	written, _ := c.writeDown(live)
+	limit, released := int64(-1), 0
 	for i, ok := range written {
 		hd := live[i]
 		if !ok {
@@ -1129,9 +1140,22 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 			if first {
 				c.parkErrors.Add(1)
 			}
+			if limit < 0 {
+				limit = c.Host.Stats().CapacityBytes / parkHoldShare
+			}
 			c.parkMu.Lock()
-			c.parkRetry = append(c.parkRetry, hd)
+			hold := c.parkRetryBytes+hd.Size <= limit
+			if hold {
+				c.parkRetry = append(c.parkRetry, hd)
+				c.parkRetryBytes += hd.Size
+			}
 			c.parkMu.Unlock()
+			if !hold {
+				// Past the share: an ordinary host block again, kept
+				// while the host tier has room for it.
+				c.Host.Unpin(hd, false)
+				released++
+			}
 			continue
 		}
 		if !c.isParked(hd.Key) {
@@ -1143,6 +1167,10 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 			c.demoted.Add(1)
 			c.demotedBytes.Add(uint64(hd.Size))
 		}
+	}
+	if released > 0 {
+		c.log.Warn("parked blocks could not be written to nvme and exceed the host tier's share held for them; they may be dropped for space",
+			"blocks", released, "share", fmt.Sprintf("1/%d", parkHoldShare))
 	}
 	return failed
 }
@@ -1174,7 +1202,7 @@ func (c *Chain) expireLoop(ctx context.Context) {
 			}
 			c.parkMu.Lock()
 			retry := c.parkRetry
-			c.parkRetry = nil
+			c.parkRetry, c.parkRetryBytes = nil, 0
 			c.parkMu.Unlock()
 			for len(retry) > 0 {
 				n := min(len(retry), writeRun)
@@ -1185,6 +1213,9 @@ func (c *Chain) expireLoop(ctx context.Context) {
 					// next tick, ahead of the blocks that just failed.
 					c.parkMu.Lock()
 					c.parkRetry = append(slices.Clone(retry), c.parkRetry...)
+					for _, hd := range retry {
+						c.parkRetryBytes += hd.Size
+					}
 					c.parkMu.Unlock()
 					break
 				}
