@@ -567,6 +567,14 @@ func (c *Chain) Acquire(k Key, size int64, done func(*Handle, error)) (*Handle, 
 	if hd, ok := c.Host.Acquire(k); ok {
 		return hd, true
 	}
+	return c.acquireBelow(k, size, done)
+}
+
+// acquireBelow is Acquire after the host tier missed (and counted the
+// miss): a hit in NVMe is promoted, else it is a miss of the whole chain.
+// A caller that tried the host tier itself (GPUSet.Acquire) continues here,
+// so that one get is one host miss.
+func (c *Chain) acquireBelow(k Key, size int64, done func(*Handle, error)) (*Handle, bool) {
 	if !c.inNVMe(k) {
 		c.nvmeMisses.Add(1)
 		return nil, false

@@ -560,7 +560,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 		gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 		return nil, true
 	}
-	return gs.Chain.Acquire(k, size, done)
+	return gs.Chain.acquireBelow(k, size, done) // the host miss is counted above
 }
 
 // startMove runs work on a mover goroutine, once per (key, destination);

@@ -1,0 +1,81 @@
+package daemon
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/cudaipc"
+)
+
+// openMetricsSession dials md and opens a namespace of bs-byte blocks.
+func openMetricsSession(t *testing.T, md *metricsDaemon, bs int) (context.Context, *client.Session) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	c, err := client.Dial(ctx, client.Options{Socket: md.cfg.Socket, Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.Open(ctx, client.Namespace{ModelID: "truth", Layers: 1, KVHeads: 1, HeadDim: 64, DType: "fp16",
+		TokensPerBlock: 16, TPSize: 1, BlockBytes: uint64(bs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return ctx, s
+}
+
+// TestHostMissCountedOnceWithGPUTier: with the GPU tier on, a get through
+// the host API of a block cached nowhere is one host miss (and one NVMe
+// miss), as without it; a get of a resident block is one host hit. The
+// scrape and the status report agree with the gets.
+func TestHostMissCountedOnceWithGPUTier(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // runs after the daemon's cleanup
+	if !cudaipc.Emulated {
+		t.Skip("needs the emulated GPU build")
+	}
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
+	md := startMetricsDaemon(t, true)
+	if md.d.gpus == nil {
+		t.Fatal("GPU tier off with an emulated GPU")
+	}
+	addr := md.d.MetricsAddr()
+	const bs = 64 << 10
+	ctx, s := openMetricsSession(t, md, bs)
+
+	hs := testBlocks(11, 2)
+	if _, err := s.Put(ctx, hs[0], block(hs[0], bs)); err != nil {
+		t.Fatal(err)
+	}
+	before := scrape(t, addr)
+	dst := make([]byte, bs)
+	if err := s.Get(ctx, hs[0], dst); err != nil {
+		t.Fatalf("get of a resident block: %v", err)
+	}
+	if err := s.Get(ctx, hs[1], dst); err == nil {
+		t.Fatal("get of a block never put succeeded")
+	}
+	after := scrape(t, addr)
+	for _, tt := range []struct {
+		name, tier string
+		want       float64
+	}{
+		{"kvtier_tier_hits_total", "host", 1},
+		{"kvtier_tier_misses_total", "host", 1},
+		{"kvtier_tier_misses_total", "nvme", 1},
+	} {
+		if d := after.must(t, tt.name, "tier", tt.tier) - before.must(t, tt.name, "tier", tt.tier); d != tt.want {
+			t.Errorf("%s{tier=%q} rose by %v, want %v", tt.name, tt.tier, d, tt.want)
+		}
+	}
+	st := md.d.Stats()
+	if m := after.must(t, "kvtier_tier_misses_total", "tier", "host"); m != float64(st.Tiers[0].Misses) {
+		t.Errorf("host misses: scrape %v, status %d", m, st.Tiers[0].Misses)
+	}
+}
