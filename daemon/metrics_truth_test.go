@@ -9,6 +9,8 @@ import (
 
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers"
 )
 
 // openMetricsSession dials md and opens a namespace of bs-byte blocks.
@@ -77,5 +79,51 @@ func TestHostMissCountedOnceWithGPUTier(t *testing.T) {
 	st := md.d.Stats()
 	if m := after.must(t, "kvtier_tier_misses_total", "tier", "host"); m != float64(st.Tiers[0].Misses) {
 		t.Errorf("host misses: scrape %v, status %d", m, st.Tiers[0].Misses)
+	}
+}
+
+// TestParkedGaugeAfterHostEviction: without an NVMe tier a parked request
+// stays in the host tier like any block, and the host tier may evict it to
+// make room. kvtier_parked_blocks counts the parked blocks the daemon
+// holds, so it must come back down with them: without NVMe no TTL pass
+// would ever correct it.
+func TestParkedGaugeAfterHostEviction(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
+	md := startMetricsDaemon(t, false)
+	addr := md.d.MetricsAddr()
+	const bs = 1 << 20
+	ctx, s := openMetricsSession(t, md, bs)
+
+	parked := make([][]byte, 4)
+	for i := range parked {
+		parked[i] = make([]byte, bs)
+	}
+	if err := s.Park(ctx, 1, parked); err != nil {
+		t.Fatal(err)
+	}
+	if v := scrape(t, addr).must(t, "kvtier_parked_blocks"); v != 4 {
+		t.Fatalf("kvtier_parked_blocks = %v after parking 4 blocks", v)
+	}
+	// Twice the host tier of newer blocks: the parked ones, least recently
+	// used, are evicted.
+	hs := testBlocks(5, 64)
+	for i, h := range hs {
+		if _, err := s.Put(ctx, h, block(h, bs)); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	if err := s.Resume(ctx, 1, parked); err == nil {
+		t.Fatal("the parked request survived a host tier overwritten twice")
+	}
+	held := 0
+	for i := range 4 {
+		if md.d.host.Contains(tiers.Key{NS: s.NamespaceID() | tiers.ParkedNS, Hash: shm.Hash{Hi: 1, Lo: uint64(i)}}) {
+			held++
+		}
+	}
+	if v := scrape(t, addr).must(t, "kvtier_parked_blocks"); v != float64(held) {
+		t.Errorf("kvtier_parked_blocks = %v, the host tier holds %d parked blocks", v, held)
 	}
 }

@@ -228,7 +228,18 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		promoteRun:    promoteRunBytes,
 	}
 	c.wm.Store(&watermarks{high: cfg.HighWatermark, low: cfg.LowWatermark, capRatio: 1, pressure: 1})
-	host.SetOnRemove(func(k Key) { c.note(polEvent{op: polRemove, k: pk(k)}) })
+	host.SetOnRemove(func(k Key) {
+		c.note(polEvent{op: polRemove, k: pk(k)})
+		if k.Parked() && !c.inNVMe(k) {
+			// Evicted from its last tier (a parked block the host tier
+			// dropped to make room, without NVMe or before it was written
+			// through): the request no longer holds it. Under the host's
+			// lock; parkMu is never held while taking it.
+			c.parkMu.Lock()
+			delete(c.parked, k)
+			c.parkMu.Unlock()
+		}
+	})
 	return c, nil
 }
 
