@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -125,5 +128,96 @@ func TestParkedGaugeAfterHostEviction(t *testing.T) {
 	}
 	if v := scrape(t, addr).must(t, "kvtier_parked_blocks"); v != float64(held) {
 		t.Errorf("kvtier_parked_blocks = %v, the host tier holds %d parked blocks", v, held)
+	}
+}
+
+// corruptPayload flips bytes of payload where they lie in a segment file
+// of the NVMe store under dir.
+func corruptPayload(t *testing.T, dir string, payload []byte) {
+	t.Helper()
+	segs, err := filepath.Glob(filepath.Join(dir, "*", "*.seg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := payload[len(payload)/2 : len(payload)/2+512]
+	for _, p := range segs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := bytes.Index(b, probe)
+		if off < 0 {
+			continue
+		}
+		for i := range probe {
+			b[off+i] ^= 0x5a
+		}
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.WriteAt(b[off:off+len(probe)], int64(off))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("payload not found in the segments under %s (%v)", dir, segs)
+}
+
+// TestCorruptNVMeGetIsAMiss: a get of a block only in NVMe whose bytes on
+// disk fail verification is answered as a miss (docs/metrics.md,
+// checksum_miss): it is an NVMe miss, not an NVMe hit, and no promotion.
+func TestCorruptNVMeGetIsAMiss(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
+	md := startMetricsDaemon(t, true)
+	addr := md.d.MetricsAddr()
+	const bs = 64 << 10
+	ctx, s := openMetricsSession(t, md, bs)
+
+	hs := testBlocks(21, 2)
+	for _, h := range hs {
+		if _, err := s.Put(ctx, h, block(h, bs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := md.d.chain.Flush(ctx); err != nil || n != len(hs) {
+		t.Fatalf("flush wrote %d blocks, %v", n, err)
+	}
+	for _, h := range hs { // only in NVMe now
+		if !md.d.host.Delete(tiers.Key{NS: s.NamespaceID(), Hash: h}) {
+			t.Fatal("block not in the host tier")
+		}
+	}
+	corruptPayload(t, filepath.Join(md.cfg.StateDir, "nvme"), block(hs[0], bs))
+
+	before := scrape(t, addr)
+	dst := make([]byte, bs)
+	if err := s.Get(ctx, hs[0], dst); err == nil {
+		t.Fatal("get of the corrupted block succeeded")
+	}
+	if err := s.Get(ctx, hs[1], dst); err != nil {
+		t.Fatalf("get of the intact block: %v", err)
+	}
+	after := scrape(t, addr)
+	for _, tt := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"kvtier_errors_total", []string{"kind", "checksum_miss"}, 1},
+		{"kvtier_tier_hits_total", []string{"tier", "nvme"}, 1},   // the intact block
+		{"kvtier_tier_misses_total", []string{"tier", "nvme"}, 1}, // the corrupted one
+		{"kvtier_tier_misses_total", []string{"tier", "host"}, 2},
+		{"kvtier_moves_total", []string{"from", "nvme", "to", "host"}, 1},
+	} {
+		if d := after.must(t, tt.name, tt.labels...) - before.must(t, tt.name, tt.labels...); d != tt.want {
+			t.Errorf("%s%v rose by %v, want %v", tt.name, tt.labels, d, tt.want)
+		}
 	}
 }

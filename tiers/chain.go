@@ -590,8 +590,21 @@ func (c *Chain) acquireBelow(k Key, size int64, done func(*Handle, error)) (*Han
 		c.nvmeMisses.Add(1)
 		return nil, false
 	}
-	c.nvmeHits.Add(1)
-	c.promote(k, size, done)
+	if done == nil { // no lease wanted: counted as promised
+		c.nvmeHits.Add(1)
+		c.promote(k, size, nil)
+		return nil, true
+	}
+	// Counted when the promotion is done: one that fails (the block failed
+	// verification or left NVMe before it was read) is answered as a miss.
+	c.promote(k, size, func(hd *Handle, err error) {
+		if err != nil {
+			c.nvmeMisses.Add(1)
+		} else {
+			c.nvmeHits.Add(1)
+		}
+		done(hd, err)
+	})
 	return nil, true
 }
 
