@@ -14,6 +14,7 @@ import (
 	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // openMetricsSession dials md and opens a namespace of bs-byte blocks.
@@ -219,5 +220,89 @@ func TestCorruptNVMeGetIsAMiss(t *testing.T) {
 		if d := after.must(t, tt.name, tt.labels...) - before.must(t, tt.name, tt.labels...); d != tt.want {
 			t.Errorf("%s%v rose by %v, want %v", tt.name, tt.labels, d, tt.want)
 		}
+	}
+}
+
+// TestHostCapacityAfterReload: a reload of host.capacity makes the smaller
+// value the host tier's capacity (the mover keeps the tier under it), so
+// kvtier_tier_capacity_bytes{tier="host"} and the status report it, and
+// occupancy (resident / capacity) is against it. The NVMe capacity follows
+// a reload the same way.
+func TestHostCapacityAfterReload(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
+	md := startMetricsDaemon(t, true)
+	addr := md.d.MetricsAddr()
+	next := md.d.Config()
+	next.Host.Capacity = 12 * MiB
+	next.NVMe.Capacity = 192 * MiB
+	if err := md.d.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	if got := md.d.Config().Host.Capacity; got != 12*MiB {
+		t.Fatalf("host.capacity in effect %v after the reload", got)
+	}
+	f := scrape(t, addr)
+	if got := f.must(t, "kvtier_tier_capacity_bytes", "tier", "nvme"); got != 192*MiB {
+		t.Errorf("nvme capacity %v after a reload to 192MiB", got)
+	}
+	if got := f.must(t, "kvtier_tier_capacity_bytes", "tier", "host"); got != 12*MiB {
+		t.Errorf("kvtier_tier_capacity_bytes{tier=\"host\"} = %v after a reload to 12MiB", got)
+	}
+	if got := md.d.Stats().Tiers[0].CapacityBytes; got != 12*MiB {
+		t.Errorf("status: host capacity %d after a reload to 12MiB", got)
+	}
+}
+
+// TestParkedGaugeAfterCorruptDrop: a parked block written through to NVMe
+// whose bytes fail verification when the request is resumed is dropped
+// (the resume fails). kvtier_parked_blocks then counts the parked blocks
+// the daemon still holds, not the one it dropped.
+func TestParkedGaugeAfterCorruptDrop(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
+	md := startMetricsDaemon(t, true)
+	addr := md.d.MetricsAddr()
+	const bs = 64 << 10
+	ctx, s := openMetricsSession(t, md, bs)
+
+	const req = 7
+	blocks := make([][]byte, 2)
+	keys := make([]tiers.Key, len(blocks))
+	for i := range blocks {
+		blocks[i] = block(client.Hash{Hi: 0xfeed, Lo: uint64(i)}, bs)
+		keys[i] = tiers.Key{NS: s.NamespaceID() | tiers.ParkedNS, Hash: shm.Hash{Hi: req, Lo: uint64(i)}}
+	}
+	if err := s.Park(ctx, req, blocks); err != nil {
+		t.Fatal(err)
+	}
+	// Written through: the parked blocks leave the host tier for NVMe.
+	for deadline := time.Now().Add(10 * time.Second); md.d.host.Contains(keys[0]) || md.d.host.Contains(keys[1]); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("parked blocks not written through to NVMe")
+		}
+	}
+	corruptPayload(t, filepath.Join(md.cfg.StateDir, "nvme"), blocks[0])
+	dsts := [][]byte{make([]byte, bs), make([]byte, bs)}
+	if err := s.Resume(ctx, req, dsts); err == nil {
+		t.Fatal("resume of a request with a corrupted block succeeded")
+	}
+	f := scrape(t, addr)
+	if v := f.must(t, "kvtier_errors_total", "kind", "checksum_miss"); v != 1 {
+		t.Fatalf("checksum misses %v, want 1", v)
+	}
+	held := 0
+	for _, k := range keys {
+		if md.d.host.Contains(k) || md.d.nvme.Contains(nvme.Key{NS: k.NS, Hash: k.Hash}) {
+			held++
+		}
+	}
+	if held != 1 {
+		t.Fatalf("%d of the parked blocks held after the corrupted one was dropped, want 1", held)
+	}
+	if v := f.must(t, "kvtier_parked_blocks"); v != float64(held) {
+		t.Errorf("kvtier_parked_blocks = %v, the daemon holds %d parked blocks", v, held)
 	}
 }

@@ -753,6 +753,7 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 			} else {
 				c.promoteErrs.Add(1)
 			}
+			c.forgetParkedIfGone(p.key) // dropped as corrupt, or gone
 			errs[i] = fmt.Errorf("%w: read %s: %v (%d bytes)", ErrPromote, p.key.Hash, err, ns[j])
 			continue
 		}
@@ -1254,6 +1255,17 @@ func (c *Chain) expireLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// forgetParkedIfGone drops k from the parked blocks when no tier holds it
+// any more (NVMe dropped it as corrupt when a resume read it).
+func (c *Chain) forgetParkedIfGone(k Key) {
+	if !k.Parked() || c.Host.Contains(k) || c.inNVMe(k) {
+		return
+	}
+	c.parkMu.Lock()
+	delete(c.parked, k)
+	c.parkMu.Unlock()
 }
 
 // ParkedBlocks returns how many parked blocks the chain holds.
