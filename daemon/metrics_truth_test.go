@@ -3,8 +3,11 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -304,5 +307,57 @@ func TestParkedGaugeAfterCorruptDrop(t *testing.T) {
 	}
 	if v := f.must(t, "kvtier_parked_blocks"); v != float64(held) {
 		t.Errorf("kvtier_parked_blocks = %v, the daemon holds %d parked blocks", v, held)
+	}
+}
+
+// TestHandshakeCutByShutdownNotCounted: a peer still in its handshake when
+// the daemon stops is refused for the shutdown (code shutdown, as one that
+// connects after it), which kvtier_errors_total{kind="refused_connection"}
+// does not count: an operator's restart is not a misbehaving peer.
+func TestHandshakeCutByShutdownNotCounted(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
+	md := startMetricsDaemon(t, false)
+	raw, err := net.Dial("unixpacket", md.cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	// Wait until the daemon reads the peer's hello (which never comes).
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		st := string(buf[:runtime.Stack(buf, true)])
+		if strings.Contains(st, "daemon.(*Daemon).serveConn") && strings.Contains(st, "shm.RecvMsg") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon never waited for the hello")
+		}
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- md.stop() }()
+	raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := raw.Read(buf)
+	if err != nil {
+		t.Fatalf("no refusal: %v", err)
+	}
+	raw.Close()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	typ, _, payload, err := shm.DecodeMsg(buf[:n])
+	if err != nil || typ != shm.MsgError {
+		t.Fatalf("reply type %d, %v; want an error message", typ, err)
+	}
+	e, err := shm.DecodeError(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Code != shm.CodeShutdown {
+		t.Errorf("refused with code %d (%q), want shutdown (%d)", e.Code, e.Message, shm.CodeShutdown)
+	}
+	if v := md.d.metrics.refused.Load(); v != 0 {
+		t.Errorf("refused_connection = %d after a shutdown cut a handshake, want 0", v)
 	}
 }

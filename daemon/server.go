@@ -521,7 +521,12 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	// that never speaks must not delay the stop.
 	endHS := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
 	raw, fds, err := shm.RecvMsg(c, buf, 0)
-	endHS()
+	if cut := !endHS(); cut && err != nil {
+		// The shutdown cut the wait, not the peer: refused for the
+		// shutdown (not counted), as a peer that connects after it.
+		d.refuse(c, shm.CodeShutdown, "kvtierd is shutting down")
+		return
+	}
 	if err != nil {
 		log.Warn("handshake failed", "err", err)
 		d.refuse(c, shm.CodeBadRequest, fmt.Sprintf("bad handshake: %v", err))
