@@ -538,6 +538,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 		}
 		if host.Contains(k) {
 			if g.hasRoom(size) {
+				host.countHit() // served by the host tier, through the promotion
 				gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, size) })
 				return nil, true
 			}

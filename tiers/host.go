@@ -702,6 +702,14 @@ func (h *Host) Acquire(key Key) (*Handle, bool) {
 	return hd, true
 }
 
+// countHit counts a hit on a block read by a copy to a faster tier (a
+// device read promoted from here) rather than through a lease.
+func (h *Host) countHit() {
+	h.mu.Lock()
+	h.hits++
+	h.mu.Unlock()
+}
+
 // Release drops one lease. Handles are shared between the readers of a block,
 // so the Host can only detect a release with no lease outstanding at all.
 func (h *Host) Release(hd *Handle) error {
