@@ -105,6 +105,15 @@ type Chain struct {
 	// parkHoldShare of the host tier so that parks failing against a full
 	// disk cannot pin the whole host tier for their TTL.
 	parkRetryBytes int64
+	// parkDelMu serializes the deletes of parked blocks (a resume or a
+	// release) with expireLoop's check-and-delete of an expired one, so
+	// that the expiry deletes only the block whose TTL passed: a request
+	// resumed and parked again under the same id meanwhile keeps its new
+	// blocks, and is not counted expired.
+	parkDelMu sync.Mutex
+	// expireHook, if set (tests only, before Start), runs in expireLoop
+	// before each expired key is deleted.
+	expireHook func(k Key)
 
 	// The replacement policy sees the host tier through events (insert,
 	// access, remove) applied by policyLoop, so ring loops never wait on
@@ -1226,12 +1235,17 @@ func (c *Chain) expireLoop(ctx context.Context) {
 				}
 			}
 			c.parkMu.Unlock()
+			expired := 0
 			for _, k := range dead {
-				c.Delete(k)
-				c.parkExpired.Add(1)
+				if c.expireHook != nil {
+					c.expireHook(k)
+				}
+				if c.expire(k, now) {
+					expired++
+				}
 			}
-			if len(dead) > 0 {
-				c.log.Info("parked blocks expired", "blocks", len(dead), "ttl", c.cfg.ParkTTL)
+			if expired > 0 {
+				c.log.Info("parked blocks expired", "blocks", expired, "ttl", c.cfg.ParkTTL)
 			}
 			c.parkMu.Lock()
 			retry := c.parkRetry
@@ -1257,6 +1271,24 @@ func (c *Chain) expireLoop(ctx context.Context) {
 	}
 }
 
+// expire deletes the parked block k if its TTL passed at now, and reports
+// whether it did. The block may have been resumed or released since
+// expireLoop saw it expired, and parked again under the same id (a fresh
+// TTL): the check and the delete are one step against Delete.
+func (c *Chain) expire(k Key, now time.Time) bool {
+	c.parkDelMu.Lock()
+	defer c.parkDelMu.Unlock()
+	c.parkMu.Lock()
+	exp, ok := c.parked[k]
+	c.parkMu.Unlock()
+	if !ok || !now.After(exp) {
+		return false
+	}
+	c.delete(k)
+	c.parkExpired.Add(1)
+	return true
+}
+
 // forgetParkedIfGone drops k from the parked blocks when no tier holds it
 // any more (NVMe dropped it as corrupt when a resume read it).
 func (c *Chain) forgetParkedIfGone(k Key) {
@@ -1277,6 +1309,14 @@ func (c *Chain) ParkedBlocks() int {
 
 // Delete removes key from every tier.
 func (c *Chain) Delete(k Key) bool {
+	if k.Parked() {
+		c.parkDelMu.Lock() // against expire
+		defer c.parkDelMu.Unlock()
+	}
+	return c.delete(k)
+}
+
+func (c *Chain) delete(k Key) bool {
 	if k.Parked() {
 		c.parkMu.Lock()
 		delete(c.parked, k)
