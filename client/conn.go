@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -566,8 +565,21 @@ func (cn *conn) ringLazy() {
 // waiting (bounded by connection death and ctx) while the ring is full. It
 // returns how many entries it pushed. sqMu is not held while waiting, so a
 // stalled daemon cannot block other callers past their own contexts.
+//
+// A full ring is polled for the spin budget, then waited on with sleeps
+// growing to pushMaxWait: the ring has no doorbell for room, and a daemon
+// stalled for seconds (SIGSTOP, a blocked disk) must not cost the engine a
+// CPU per waiting push (background undo pushes wait without a deadline).
 func (cn *conn) push(ctx context.Context, es []shm.SQE) (int, error) {
 	pushed := 0
+	var sp shm.Spinner
+	var timer *time.Timer
+	wait, spinning := time.Duration(0), false
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for pushed < len(es) {
 		cn.sqMu.Lock()
 		n := 0
@@ -594,11 +606,37 @@ func (cn *conn) push(ctx context.Context, es []shm.SQE) (int, error) {
 		}
 		// The daemon stops taking submissions while the completion ring
 		// is full (fire-and-forget releases accumulate there): drain it.
-		cn.poll()
-		runtime.Gosched()
+		if cn.poll() {
+			continue
+		}
+		if !spinning {
+			spinning = true
+			sp.Reset(cn.spin, &cn.pacer)
+		}
+		if sp.Pause() {
+			continue
+		}
+		wait = min(max(2*wait, pushMinWait), pushMaxWait)
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		case <-cn.deadCh:
+		}
 	}
 	return pushed, nil
 }
+
+// pushMinWait and pushMaxWait bound the sleeps of a push waiting for room
+// in the submission ring after its spin.
+const (
+	pushMinWait = 10 * time.Microsecond
+	pushMaxWait = time.Millisecond
+)
 
 // submit sends entries and waits for all their completions. On ctx
 // cancellation it returns ctx.Err() and everything the entries were granted
