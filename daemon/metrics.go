@@ -245,7 +245,6 @@ var (
 	descNVMeReads     = desc("nvme_segment_reads_total", "Segment file reads of the NVMe store: batched promotions read blocks lying back to back at once (kvtier_nvme_store_hits_total / this = blocks per read).")
 	descNVMeNoSpace   = desc("nvme_no_space_total", "NVMe writes refused because the disk budget was exhausted.")
 	descNVMeGC        = desc("nvme_gc_runs_total", "Badger value-log files rewritten or removed by garbage collection.")
-	descNVMeFlushes   = desc("nvme_lsm_flushes_total", "Memtable flushes forced to publish badger's discard statistics.")
 	descNVMeReindex   = desc("nvme_reindex_blocks", "Blocks re-indexed from disk when the NVMe tier opened.")
 	descNVMeReindexS  = desc("nvme_reindex_seconds", "Time the re-index at open took.")
 	descNVMeReadHits  = desc("nvme_store_hits_total", "Reads the NVMe store served (promotions and prefetches).")
@@ -262,7 +261,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused, descOversize,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
-		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeReads, descNVMeNoSpace, descNVMeGC, descNVMeFlushes,
+		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeReads, descNVMeNoSpace, descNVMeGC,
 		descNVMeReindex, descNVMeReindexS, descNVMeReadHits, descNVMeReadMisss,
 		descBuildInfo,
 	} {
@@ -309,7 +308,6 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descNVMeReads, ns.SegmentReads)
 		counter(descNVMeNoSpace, ns.NoSpace)
 		counter(descNVMeGC, ns.GCRuns)
-		counter(descNVMeFlushes, ns.LSMFlushes)
 		gauge(descNVMeReindex, float64(ns.ReindexBlocks))
 		gauge(descNVMeReindexS, ns.ReindexDuration.Seconds())
 		counter(descNVMeReadHits, ns.Hits)

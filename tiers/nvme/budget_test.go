@@ -37,9 +37,9 @@ func TestDiskBudget(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	final := storeUsage(dir)
 	st := s.Stats()
-	t.Logf("capacity %d MiB: peak %.1f MiB, final %.1f MiB, logical %.1f MiB in %d blocks, limit %.1f MiB; evictions %d, GC runs %d, LSM flushes %d, ErrNoSpace %d",
+	t.Logf("capacity %d MiB: peak %.1f MiB, final %.1f MiB, logical %.1f MiB in %d blocks, limit %.1f MiB; evictions %d, GC runs %d, ErrNoSpace %d",
 		capacity>>20, float64(peak)/(1<<20), float64(final)/(1<<20), float64(st.Bytes)/(1<<20), st.Blocks,
-		float64(st.LogicalLimit)/(1<<20), st.Evictions, st.GCRuns, st.LSMFlushes, noSpace)
+		float64(st.LogicalLimit)/(1<<20), st.Evictions, st.GCRuns, noSpace)
 	if peak > capacity || final > capacity {
 		t.Fatalf("disk usage over capacity: peak %d final %d > %d", peak, final, capacity)
 	}

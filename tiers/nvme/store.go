@@ -93,7 +93,6 @@ type Stats struct {
 	Puts            uint64
 	NoSpace         uint64 // Puts rejected with ErrNoSpace
 	GCRuns          uint64 // segment files removed (emptied by deletes or compaction)
-	LSMFlushes      uint64 // always 0 since the segment store (kept for compatibility)
 	Relocated       uint64 // blocks moved by segment compaction
 	SegmentWrites   uint64 // segment file writes: one per Put, per chunk of a PutBatch, per relocated block
 	SegmentReads    uint64 // segment file reads: one per Get, per relocated block, per run of back-to-back records of a GetBatch
