@@ -220,7 +220,7 @@ var (
 
 	descMoves      = desc("moves_total", "Blocks moved between tiers (host→nvme: demotions and park write-throughs; nvme→host: promotions).", "from", "to")
 	descMovedBytes = desc("moved_bytes_total", "Bytes moved between tiers.", "from", "to")
-	descMoveErrors = desc("move_errors_total", "Failed moves between tiers.", "from", "to")
+	descMoveErrors = desc("move_errors_total", "Blocks whose move between tiers failed (a failed batch counts each of its blocks).", "from", "to")
 	descPrefetch   = desc("prefetches_total", "Promotions queued by a lookup that found blocks only in NVMe.")
 	descPrefDrops  = desc("prefetches_dropped_total", "Prefetches skipped because the promotion queue was full.")
 	descRefused    = desc("policy_refused_drops_total", "Host blocks the replacement policy refused (orphans), dropped by the mover instead of written down; also in kvtier_tier_evictions_total{tier=\"host\"}.")

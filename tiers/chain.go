@@ -1033,7 +1033,7 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
 	if err := c.NVMe.PutBatch(keys, blocks); err != nil {
 		// Earlier chunks of the batch may be stored: those blocks count as
 		// not written now and find their clean copy at the next attempt.
-		c.demoteErrors.Add(1)
+		c.demoteErrors.Add(uint64(len(keys))) // blocks, like the moves
 		if errors.Is(err, nvme.ErrNoSpace) {
 			c.diskFullUntil.Store(time.Now().Add(time.Second).UnixNano())
 		}
@@ -1395,7 +1395,7 @@ type ChainStats struct {
 	NVMeHits, NVMeMisses        uint64
 	Demoted, DemotedBytes       uint64 // host → nvme
 	Promoted, PromotedBytes     uint64 // nvme → host
-	DemoteErrors, PromoteErrors uint64
+	DemoteErrors, PromoteErrors uint64 // blocks whose write down (any: demotion, park, flush) or promotion failed
 	Prefetches, PrefetchDropped uint64
 	ParkedBlocks                int
 	ParkErrors, ParkExpired     uint64
