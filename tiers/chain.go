@@ -925,10 +925,11 @@ func (c *Chain) demoteBatch(n int) int {
 	var demoted atomic.Int64
 	eachWriter(hs[drop:], func(run []*Handle) {
 		var ok []bool
+		var took []time.Duration
 		if time.Now().UnixNano() < c.diskFullUntil.Load() {
 			ok = make([]bool, len(run))
 		} else {
-			ok, _ = c.writeDown(run)
+			ok, _, took = c.writeDown(run)
 		}
 		for i, hd := range run {
 			if !ok[i] && c.tooLarge(hd) {
@@ -950,6 +951,7 @@ func (c *Chain) demoteBatch(n int) int {
 				demoted.Add(1)
 				c.demoted.Add(1)
 				c.demotedBytes.Add(uint64(hd.Size))
+				c.swapOutNanos.Add(uint64(took[i]))
 			} else if c.Host.Contains(hd.Key) {
 				// Leased meanwhile: it stays, so the policy must track it again.
 				c.Inserted(hd.Key, policy.AccessInfo{})
@@ -1003,11 +1005,15 @@ func eachWriter(hs []*Handle, write func(run []*Handle)) {
 func (c *Chain) tooLarge(hd *Handle) bool { return hd.Size > c.NVMe.MaxBlockBytes() }
 
 // writeDown makes sure NVMe holds a copy of each pinned block of run, with
-// one batched store call for those it lacks, and reports which do and how
-// many it wrote. A block too large for NVMe is not ok (and does not fail
-// the rest of the batch).
-func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
+// one batched store call for those it lacks, and reports which do, how
+// many it wrote, and the copy time of each (its batch's time for a block
+// written now, 0 for a clean copy already below). A block too large for
+// NVMe is not ok (and does not fail the rest of the batch). The caller
+// charges a block's copy time to swapOutNanos when it counts the block as
+// moved: a flush's copies move nothing.
+func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Duration) {
 	ok = make([]bool, len(run))
+	took = make([]time.Duration, len(run))
 	var keys []nvme.Key
 	var blocks [][]byte
 	var idx []int
@@ -1022,7 +1028,7 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
 		keys, blocks, idx = append(keys, nk(hd.Key)), append(blocks, c.Host.Bytes(hd)), append(idx, i)
 	}
 	if len(keys) == 0 {
-		return ok, 0
+		return ok, 0, took
 	}
 	t0 := time.Now()
 	if c.ioHook != nil {
@@ -1038,7 +1044,7 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
 			c.diskFullUntil.Store(time.Now().Add(time.Second).UnixNano())
 		}
 		c.log.Warn("demotion to nvme failed", "blocks", len(keys), "first", run[idx[0]].Key.Hash, "err", err)
-		return ok, 0
+		return ok, 0, took
 	}
 	dt := time.Since(t0)
 	for _, i := range idx {
@@ -1048,12 +1054,12 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int) {
 			c.NVMe.Delete(nk(run[i].Key))
 		}
 		ok[i] = true
-		c.swapOutNanos.Add(uint64(dt))
+		took[i] = dt
 		if c.cfg.ObserveSwapOut != nil {
 			c.cfg.ObserveSwapOut(dt) // each block of the batch waited for all of it
 		}
 	}
-	return ok, len(keys)
+	return ok, len(keys), took
 }
 
 // Flush writes every host block that has no copy in NVMe down to NVMe (the
@@ -1068,7 +1074,7 @@ func (c *Chain) Flush(ctx context.Context) (int, error) {
 		if ctx.Err() != nil {
 			cut.Store(true) // the rest stays unwritten
 		} else {
-			_, wrote := c.writeDown(run)
+			_, wrote, _ := c.writeDown(run)
 			n.Add(int64(wrote))
 		}
 		for _, hd := range run {
@@ -1173,7 +1179,7 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 			c.Host.Unpin(hd, false) // resumed or released meanwhile
 		}
 	}
-	written, _ := c.writeDown(live)
+	written, _, took := c.writeDown(live)
 	limit, released := int64(-1), 0
 	for i, ok := range written {
 		hd := live[i]
@@ -1208,6 +1214,7 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 		if dropped, _ := c.Host.Unpin(hd, true); dropped {
 			c.demoted.Add(1)
 			c.demotedBytes.Add(uint64(hd.Size))
+			c.swapOutNanos.Add(uint64(took[i]))
 		}
 	}
 	if released > 0 {
@@ -1402,7 +1409,7 @@ type ChainStats struct {
 	PromoteLost                 uint64        // evicted from NVMe before the promotion read it
 	RefusedDrops                uint64        // host blocks the policy did not admit, dropped to make room
 	OversizeDrops               uint64        // host blocks too large for NVMe, dropped to make room
-	SwapIn, SwapOut             time.Duration // total time spent copying
+	SwapIn, SwapOut             time.Duration // time spent copying the blocks counted in Promoted, Demoted
 	PolicyEventDrops            uint64        // policy events dropped on a full queue
 }
 
