@@ -97,7 +97,7 @@ type hsess struct {
 	res    map[uint64]hkey
 	leases map[uint64]leaseInfo
 	seen   []uint64 // every token granted, for replays and forgeries
-	exact  bool // false once it replayed stale entries
+	exact  bool     // false once it replayed stale entries
 	closed bool
 }
 
