@@ -160,6 +160,10 @@ type promotion struct {
 	// deleted (Chain.mu): the block was deleted while being promoted; the
 	// copy read before the delete must not be committed.
 	deleted bool
+	// late (Chain.mu): acquires that came after the delete, for a block
+	// put again since: this promotion's failure is not theirs; finish
+	// starts a promotion of their own.
+	late []func(*Handle, error)
 }
 
 type polOp uint8
@@ -648,7 +652,11 @@ func (c *Chain) promote(k Key, size int64, done func(*Handle, error)) {
 		return
 	}
 	if p := c.inflight[k]; p != nil {
-		p.waiters = append(p.waiters, done)
+		if p.deleted {
+			p.late = append(p.late, done)
+		} else {
+			p.waiters = append(p.waiters, done)
+		}
 		c.mu.Unlock()
 		return
 	}
@@ -805,9 +813,12 @@ func (c *Chain) finish(p *promotion, err error) {
 	if c.inflight[p.key] == p {
 		delete(c.inflight, p.key)
 	}
-	ws := p.waiters
-	p.waiters = nil // each waiter is called once, even if p is finished twice
+	ws, late := p.waiters, p.late
+	p.waiters, p.late = nil, nil // each waiter is called once, even if p is finished twice
 	c.mu.Unlock()
+	for _, w := range late {
+		c.promote(p.key, p.size, w) // a miss if the block is gone again
+	}
 	for _, w := range ws {
 		if w == nil {
 			continue // an acquire whose caller does not want the lease

@@ -463,3 +463,54 @@ func TestDeleteNSCountsDistinctBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestAcquireJoiningDeletedPromotion: an acquire of a block that is in
+// NVMe joined any promotion of its key in flight, even one a Delete had
+// marked: the block deleted and put again, the acquire got the deleted
+// generation's failure (a miss) although the block was cached.
+func TestAcquireJoiningDeletedPromotion(t *testing.T) {
+	const bs = 64 << 10
+	k := chainKey(48, 1)
+	type res struct {
+		hd  *Handle
+		err error
+	}
+	second := make(chan res, 1)
+	var once sync.Once
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		hook: func(op string, key Key) {
+			if op != "get" || key != k {
+				return
+			}
+			once.Do(func() {
+				// Before the promotion reads: delete the block, put it
+				// again, and acquire the new one.
+				if !r.c.Delete(k) {
+					t.Error("Delete found nothing")
+				}
+				r.putNVMe(t, k, bs)
+				hd, ok := r.c.Acquire(k, bs, func(hd *Handle, err error) { second <- res{hd, err} })
+				if !ok || hd != nil {
+					t.Errorf("acquire of the block put again: %v %v, want a promotion", hd, ok)
+				}
+			})
+		}})
+	r.putNVMe(t, k, bs)
+	r.start()
+	if hd, err := acquireWait(t, r.c, k, bs); err == nil {
+		r.h.Release(hd) // a lease of the new generation is fine too
+	}
+	select {
+	case got := <-second:
+		if got.err != nil {
+			t.Fatalf("acquire of a block put again after a delete: %v", got.err)
+		}
+		if !bytes.Equal(r.h.Bytes(got.hd), blockFor(k, bs)) {
+			t.Fatal("wrong bytes")
+		}
+		r.h.Release(got.hd)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second acquire was never answered")
+	}
+}
