@@ -37,6 +37,10 @@ import (
 var (
 	hostileDuration = flag.Duration("hostile.duration", 3*time.Second, "how long TestHostileFuzz runs")
 	hostileSeed     = flag.Uint64("hostile.seed", 0, "TestHostileFuzz's seed (0: from the clock)")
+	// The NVMe variant still finds leased host slots overwritten and
+	// blocks lost or back after a delete (open: see the review report), so
+	// it runs only on request.
+	hostileNVMe = flag.Bool("hostile.nvme", false, "TestHostileFuzz also runs with an NVMe tier and blocks constantly demoted")
 )
 
 // Ring region header offsets (shm/ring.go): a hostile peer knows them.
@@ -97,6 +101,7 @@ type hsess struct {
 	res    map[uint64]hkey
 	leases map[uint64]leaseInfo
 	seen   []uint64 // every token granted, for replays and forgeries
+	maxTok uint64   // the highest token granted
 	exact  bool     // false once it replayed stale entries
 	closed bool
 }
@@ -221,14 +226,19 @@ func (s *hsess) do(es ...shm.SQE) []shm.CQE {
 		s.t.Fatalf("hostile: ring has room for %d, pushing %d", s.space(), len(es))
 	}
 	s.push(es)
-	out, ok := s.pop(len(es), 10*time.Second)
+	got, ok := s.pop(len(es), 10*time.Second)
 	if !ok {
-		s.t.Fatalf("hostile: %d of %d completions within 10s (daemon hung?)", len(out), len(es))
+		s.t.Fatalf("hostile: %d of %d completions within 10s (daemon hung?)", len(got), len(es))
 	}
-	for i := range out {
-		if out[i].UserData != es[i].UserData {
-			s.t.Fatalf("hostile: completion %d has user_data %d, want %d", i, out[i].UserData, es[i].UserData)
+	// Acquires served by a promotion complete out of order.
+	first := es[0].UserData
+	out := make([]shm.CQE, len(es))
+	for _, c := range got {
+		i := c.UserData - first
+		if c.UserData < first || i >= uint64(len(es)) || out[i].UserData != 0 {
+			s.t.Fatalf("hostile: completion with user_data %d, submitted %d..%d", c.UserData, first, first+uint64(len(es))-1)
 		}
+		out[i] = c
 	}
 	return out
 }
@@ -267,6 +277,7 @@ type hostileFuzz struct {
 	sess    []*hsess
 	nsID    uint32
 	others  int // sessions open besides the hostile ones (the good one)
+	nvme    bool
 	wantBad uint64
 	inexact int // open sessions that replayed stale entries
 	ops     atomic.Uint64
@@ -288,7 +299,14 @@ func (f *hostileFuzz) sqe(op shm.Op, k hkey) shm.SQE {
 // token picks a token for a commit/abort/release: one held (of either
 // kind), one granted before (a replay), or a forgery.
 func (f *hostileFuzz) token(s *hsess, other *hsess) uint64 {
-	pick := func(m int) uint64 { return uint64(m) }
+	// A token above the last one granted may be granted by this very
+	// batch: then the model could not tell what the entry did.
+	fresh := func(t uint64) uint64 {
+		if t > s.maxTok && t < 1<<62 {
+			return ^t
+		}
+		return t
+	}
 	switch f.rng.IntN(6) {
 	case 0, 1:
 		for t := range s.res {
@@ -305,14 +323,14 @@ func (f *hostileFuzz) token(s *hsess, other *hsess) uint64 {
 	case 4:
 		if other != nil {
 			for t := range other.res {
-				return t
+				return fresh(t)
 			}
 			for t := range other.leases {
-				return t
+				return fresh(t)
 			}
 		}
 	}
-	return []uint64{0, 1, 2, ^uint64(0), 1 << 63, f.rng.Uint64(), pick(f.rng.IntN(64))}[f.rng.IntN(7)]
+	return fresh([]uint64{0, 1, 2, ^uint64(0), 1 << 63, f.rng.Uint64(), f.rng.Uint64N(s.maxTok + 1)}[f.rng.IntN(7)])
 }
 
 // wellFormed submits a random batch of well-formed entries and checks
@@ -402,6 +420,7 @@ func (f *hostileFuzz) wellFormed(s *hsess, other *hsess) {
 				hostilePayload(s.arena.Bytes()[c.Offset:c.Offset+s.w.BlockBytes], k.parked, k.h)
 				s.res[c.Value] = k
 				s.seen = append(s.seen, c.Value)
+				s.maxTok = max(s.maxTok, c.Value)
 			}
 			if exact {
 				want = shm.StatusOK
@@ -441,6 +460,7 @@ func (f *hostileFuzz) wellFormed(s *hsess, other *hsess) {
 				}
 				s.leases[c.Value] = leaseInfo{k: k, off: off, check: exact}
 				s.seen = append(s.seen, c.Value)
+				s.maxTok = max(s.maxTok, c.Value)
 			}
 			if exact {
 				want = shm.StatusNotFound
@@ -456,7 +476,16 @@ func (f *hostileFuzz) wellFormed(s *hsess, other *hsess) {
 				exp := make([]byte, s.w.BlockBytes)
 				hostilePayload(exp, li.k.parked, li.k.h)
 				if !bytes.Equal(s.arena.Bytes()[li.off:li.off+s.w.BlockBytes], exp) {
-					t.Fatalf("hostile: leased slot of %v changed before its release", li.k.h)
+					who := "unknown bytes"
+					for _, ph := range f.pool {
+						for _, pk := range []bool{false, true} {
+							hostilePayload(exp, pk, ph)
+							if bytes.Equal(s.arena.Bytes()[li.off:li.off+s.w.BlockBytes], exp) {
+								who = fmt.Sprintf("the bytes of %v parked %v", ph, pk)
+							}
+						}
+					}
+					t.Fatalf("hostile: leased slot %d of %v (parked %v, token %d) changed before its release: %s", li.off, li.k.h, li.k.parked, e.Token, who)
 				}
 			}
 			if held {
@@ -490,7 +519,11 @@ func (f *hostileFuzz) wellFormed(s *hsess, other *hsess) {
 				if j < hits {
 					wt = byte(shm.TierHost)
 				}
-				if got := s.data[int(la.buf)+la.count*shm.LookupKeySize+j]; got != wt {
+				got := s.data[int(la.buf)+la.count*shm.LookupKeySize+j]
+				if f.nvme && wt != 0 && got == byte(shm.TierNVMe) {
+					wt = got
+				}
+				if got != wt {
 					t.Fatalf("hostile: lookup result %d is %d, want %d", j, got, wt)
 				}
 			}
@@ -677,8 +710,9 @@ func (f *hostileFuzz) replay(s *hsess) bool {
 	for _, c := range cq {
 		// Fresh grants from replays are unknown to us; they are freed at
 		// close. Keep the token numbers for later forgeries.
-		if c.Status == shm.StatusOK && c.Value != 0 {
+		if c.Status == shm.StatusOK && c.Value != 0 && c.Value < 1<<32 {
 			s.seen = append(s.seen, c.Value)
+			s.maxTok = max(s.maxTok, c.Value)
 		}
 	}
 	f.ops.Add(uint64(k))
@@ -899,22 +933,46 @@ func goodSession(ctx context.Context, socket string, hashes []shm.Hash, deadline
 // namespace, while a good session's every answer is checked exactly.
 // Afterwards the daemon's accounting is back at its baseline.
 func TestHostileFuzz(t *testing.T) {
+	for _, nvme := range []bool{false, true} {
+		if nvme && !*hostileNVMe {
+			continue
+		}
+		t.Run(map[bool]string{false: "host", true: "nvme"}[nvme], func(t *testing.T) { hostileFuzzRun(t, nvme) })
+	}
+}
+
+// hostileFuzzRun is one TestHostileFuzz run; with nvme the host tier's
+// watermarks are set so low that blocks keep moving down to NVMe and
+// acquires are served by promotions (completed out of order, from the
+// movers).
+func hostileFuzzRun(t *testing.T, nvme bool) {
 	cfg := testConfig(t) // 8 MiB host tier, 1 MiB slabs
 	cfg.Session.RingEntries = 64
 	cfg.Session.DataBytes = 64 * KiB
+	if nvme {
+		cfg.NVMe.Enabled, cfg.NVMe.Capacity, cfg.NVMe.FlushOnStop = true, 64*MiB, false
+		cfg.Host.HighWatermark, cfg.Host.LowWatermark = 0.02, 0.01
+		cfg.Host.Policy = "lru" // admits every block: none may be dropped
+	}
 	log := &syncBuffer{}
 	r := startDaemon(t, cfg, slog.New(slog.NewTextHandler(log, nil)))
 	defer func() {
 		if t.Failed() {
 			t.Logf("daemon log (tail):\n%s", tail(log.String(), 8000))
+			if r.d.nvme != nil {
+				t.Logf("nvme %+v", r.d.nvme.Stats())
+			}
+			t.Logf("chain %+v", r.d.chain.Stats())
+			t.Logf("host %+v", r.d.host.Stats())
 		}
 	}()
 	seed := *hostileSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("seed %d (-hostile.seed), %v (-hostile.duration)", seed, *hostileDuration)
+	t.Logf("seed %d (-hostile.seed), -hostile.duration %v", seed, *hostileDuration)
 	hs0 := r.d.host.Stats()
+	ev0 := r.d.Stats().Tiers[0].Evictions
 
 	var pool []shm.Hash
 	for i := range 24 {
@@ -925,7 +983,7 @@ func TestHostileFuzz(t *testing.T) {
 			TokensPerBlock: 16, TPSize: 1, BlockBytes: 8192},
 		pool:  append(pool, testHash(1000), testHash(1001)),
 		model: hostileModel{committed: map[hkey]bool{}, reserved: map[hkey]bool{}},
-		kinds: map[string]int{}}
+		kinds: map[string]int{}, nvme: nvme}
 
 	// Run starts its own goroutines (probes, notify) before it accepts: a
 	// first session, opened and closed, makes the baseline steady.
@@ -949,7 +1007,11 @@ func TestHostileFuzz(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	f.others = 1
-	end := time.Now().Add(*hostileDuration)
+	runs := time.Duration(1)
+	if *hostileNVMe {
+		runs = 2
+	}
+	end := time.Now().Add(*hostileDuration / runs)
 	steps := 0
 	for time.Now().Before(end) {
 		select {
@@ -1024,19 +1086,23 @@ func TestHostileFuzz(t *testing.T) {
 		hs := r.d.host.Stats()
 		n := f.sessionsNow()
 		g := runtime.NumGoroutine()
-		if n == 0 && hs.Reserved == 0 && hs.Leased == 0 && hs.UsedBytes == hs0.UsedBytes && hs.Blocks == hs0.Blocks && g <= goroutines0 {
+		nb := 0
+		if r.d.nvme != nil {
+			nb = r.d.nvme.Stats().Blocks
+		}
+		if n == 0 && hs.Reserved == 0 && hs.Leased == 0 && hs.UsedBytes == hs0.UsedBytes && hs.Blocks == hs0.Blocks && nb == 0 && g <= goroutines0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
 			t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
-			t.Fatalf("10s after the last session: sessions %d, reserved %d, leased %d, used %d (was %d), blocks %d (was %d), goroutines %d (was %d)",
-				n, hs.Reserved, hs.Leased, hs.UsedBytes, hs0.UsedBytes, hs.Blocks, hs0.Blocks, g, goroutines0)
+			t.Fatalf("10s after the last session: sessions %d, reserved %d, leased %d, used %d (was %d), blocks %d (was %d), nvme blocks %d, goroutines %d (was %d)",
+				n, hs.Reserved, hs.Leased, hs.UsedBytes, hs0.UsedBytes, hs.Blocks, hs0.Blocks, nb, g, goroutines0)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if hs := r.d.host.Stats(); hs.Evictions != hs0.Evictions {
-		t.Fatalf("%d evictions: the tier was never full", hs.Evictions-hs0.Evictions)
+	if ev := r.d.Stats().Tiers[0].Evictions; ev != ev0 {
+		t.Fatalf("%d evictions from the host tier: it was never full", ev-ev0)
 	}
 	if got := r.d.sessionsBad.Load(); got != f.wantBad {
 		t.Fatalf("sessions closed as hostile: %d, want %d", got, f.wantBad)
