@@ -96,6 +96,11 @@ func (g *GPU) run(op func(s cudaipc.Stream) error) error {
 	return c.e.Synchronize()
 }
 
+// fits reports whether a block of size bytes fits in a slot of g's arena
+// at all: a larger one (a namespace's blocks over gpu.slab_bytes) is never
+// on this GPU, and making room for it would demote other blocks for nothing.
+func (g *GPU) fits(size int64) bool { return size <= g.Slots.slabBytes }
+
 // hasRoom reports whether n more bytes stay under the high watermark.
 func (g *GPU) hasRoom(n int64) bool {
 	used, capacity := g.Slots.Usage()
@@ -468,7 +473,7 @@ func (gs *GPUSet) Reserve(k Key, size int64, gpu int) (*Handle, error) {
 			return nil, ErrExists
 		}
 	}
-	if gpu >= 0 && gpu < len(gs.GPUs) && !k.Parked() {
+	if gpu >= 0 && gpu < len(gs.GPUs) && !k.Parked() && gs.GPUs[gpu].fits(size) {
 		g := gs.GPUs[gpu]
 		if gs.Chain.Host.Present(k) || gs.Chain.inNVMe(k) {
 			return nil, ErrExists
@@ -536,7 +541,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 			return nil, true
 		}
-		if host.Contains(k) {
+		if g.fits(size) && host.Contains(k) {
 			if g.hasRoom(size) {
 				host.countHit() // served by the host tier, through the promotion
 				gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, size) })
