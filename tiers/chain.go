@@ -525,16 +525,28 @@ func (c *Chain) inNVMe(k Key) bool { return c.NVMe != nil && c.NVMe.Contains(nk(
 // chain. Blocks found only in NVMe are queued for promotion: a lookup
 // announces reads.
 func (c *Chain) Lookup(chain []Key, tiers []shm.Tier) (hits int, req uint64) {
+	return c.lookup(chain, tiers, nil)
+}
+
+// lookup is Lookup with another tier consulted for the keys the chain's
+// tiers miss (the GPU tier): above(i) reports whether it holds chain[i] (and
+// sets tiers[i]). The whole chain is one request to the policy, so blocks
+// after one held above keep their place and parent.
+func (c *Chain) lookup(chain []Key, tiers []shm.Tier, above func(i int) bool) (hits int, req uint64) {
 	req = c.lookups.Add(1)
 	i := 0
 	defer func() { c.noteLookup(chain, tiers, i, req) }()
 	for i < len(chain) {
 		i += c.Host.Lookup(chain[i:], tiers[i:])
-		if i == len(chain) || !c.inNVMe(chain[i]) {
+		if i == len(chain) {
 			break
 		}
-		tiers[i] = shm.TierNVMe
-		c.prefetch(chain[i])
+		if c.inNVMe(chain[i]) {
+			tiers[i] = shm.TierNVMe
+			c.prefetch(chain[i])
+		} else if above == nil || !above(i) {
+			break
+		}
 		i++
 	}
 	return i, req

@@ -447,16 +447,13 @@ func (gs *GPUSet) holder(k Key, not int) int {
 // Lookup is Chain.Lookup with the GPU tiers on top: a key in any GPU arena
 // is a hit reported as shm.TierGPU.
 func (gs *GPUSet) Lookup(keys []Key, out []shm.Tier) (hits int, req uint64) {
-	hits, req = gs.Chain.Lookup(keys, out)
-	for hits < len(keys) && gs.holder(keys[hits], -1) >= 0 {
-		out[hits] = shm.TierGPU
-		hits++
-		if hits < len(keys) {
-			n, _ := gs.Chain.Lookup(keys[hits:], out[hits:])
-			hits += n
+	return gs.Chain.lookup(keys, out, func(i int) bool {
+		if gs.holder(keys[i], -1) < 0 {
+			return false
 		}
-	}
-	return hits, req
+		out[i] = shm.TierGPU
+		return true
+	})
 }
 
 // Reserve reserves a slot for a new block: in GPU gpu's arena when gpu >= 0

@@ -9,11 +9,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // newGPURigSlabs is newGPURigN(t, 1, false) with its own slab sizes for the
 // host tier and the GPU arena.
 func newGPURigSlabs(t *testing.T, hostSlab, gpuSlab int64) *gpuRig {
+	t.Helper()
+	return newGPURigStore(t, hostSlab, gpuSlab, nil)
+}
+
+// newGPURigStore is newGPURigSlabs over a chain with NVMe store (nil: none).
+func newGPURigStore(t *testing.T, hostSlab, gpuSlab int64, store *nvme.Store) *gpuRig {
 	t.Helper()
 	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
 	devs, err := cudaipc.Devices()
@@ -28,7 +36,7 @@ func newGPURigSlabs(t *testing.T, hostSlab, gpuSlab int64) *gpuRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewChain(h, nil, ChainConfig{Logger: discardLogger()})
+	c, err := NewChain(h, store, ChainConfig{Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,5 +92,62 @@ func TestGPUBlockLargerThanGPUSlab(t *testing.T) {
 	}
 	if st := r.gs.Stats(); st.PromotionFallbacks[0] != 0 {
 		t.Fatalf("promotion fallbacks %d, want 0: the block can never be promoted", st.PromotionFallbacks[0])
+	}
+}
+
+// A lookup whose chain has a GPU-resident block between host blocks is one
+// request to the replacement policy: the host blocks after the GPU block
+// keep their place in the chain and their parent (the policy ranks the
+// leaves of the prefix tree), and the whole lookup has one request number.
+func TestGPULookupReportsWholeChainToPolicy(t *testing.T) {
+	store, err := nvme.Open(context.Background(), nvme.Options{Dir: t.TempDir() + "/nvme", CapacityBytes: nvme.MinCapacity, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	r := newGPURigStore(t, 1<<20, 1<<20, store)
+	keys := []Key{chainKey(3, 1), chainKey(3, 2), chainKey(3, 3)}
+	for i, k := range keys {
+		gpu := -1
+		if i == 1 {
+			gpu = 0 // the middle block on the GPU, the others on the host
+		}
+		if at := r.put(t, k, gpu); (at == r.h) != (i != 1) {
+			t.Fatalf("block %d landed in the wrong tier", i)
+		}
+	}
+	for len(r.c.polCh) > 0 {
+		<-r.c.polCh // the puts' inserts
+	}
+	out := make([]shm.Tier, len(keys))
+	hits, req := r.gs.Lookup(keys, out)
+	if hits != 3 || out[0] != shm.TierHost || out[1] != shm.TierGPU || out[2] != shm.TierHost {
+		t.Fatalf("lookup: %d hits, tiers %v", hits, out)
+	}
+	type seen struct {
+		pos       int32
+		parent    Key
+		chainLen  int
+		request   uint64
+		hasParent bool
+	}
+	got := map[Key]seen{}
+	for len(r.c.polCh) > 0 {
+		ev := <-r.c.polCh
+		if ev.op != polLookup {
+			continue
+		}
+		for i, k := range ev.chain {
+			got[fromPK(k)] = seen{pos: ev.pos[i], parent: fromPK(ev.parent[i]), chainLen: ev.a.ChainLen, request: ev.a.Request, hasParent: ev.pos[i] > 0}
+		}
+	}
+	want := map[Key]seen{
+		keys[0]: {pos: 0, chainLen: 3, request: req},
+		keys[2]: {pos: 2, parent: keys[1], chainLen: 3, request: req, hasParent: true},
+	}
+	for k, w := range want {
+		if g, ok := got[k]; !ok || g != w {
+			t.Errorf("policy saw %v as %+v (reported %v), want %+v", k, g, ok, w)
+		}
 	}
 }
