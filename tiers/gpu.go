@@ -447,13 +447,27 @@ func (gs *GPUSet) holder(k Key, not int) int {
 // Lookup is Chain.Lookup with the GPU tiers on top: a key in any GPU arena
 // is a hit reported as shm.TierGPU.
 func (gs *GPUSet) Lookup(keys []Key, out []shm.Tier) (hits int, req uint64) {
-	return gs.Chain.lookup(keys, out, func(i int) bool {
-		if gs.holder(keys[i], -1) < 0 {
+	type gpuHit struct{ i, gpu int }
+	var found []gpuHit
+	hits, req = gs.Chain.lookup(keys, out, func(i int) bool {
+		j := gs.holder(keys[i], -1)
+		if j < 0 {
 			return false
 		}
 		out[i] = shm.TierGPU
+		found = append(found, gpuHit{i, j})
 		return true
 	})
+	// A lookup announces reads: the GPU blocks found become their arena's
+	// most recent (the demoter takes the coldest), touched from the
+	// chain's end back so that its head ends up most recent, as in the
+	// host tier.
+	var t [1]shm.Tier
+	for x := len(found) - 1; x >= 0; x-- {
+		h := found[x]
+		gs.GPUs[h.gpu].Slots.Lookup(keys[h.i:h.i+1], t[:])
+	}
+	return hits, req
 }
 
 // Reserve reserves a slot for a new block: in GPU gpu's arena when gpu >= 0

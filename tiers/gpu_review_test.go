@@ -151,3 +151,29 @@ func TestGPULookupReportsWholeChainToPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A lookup announces reads: GPU-resident blocks it finds become the most
+// recently used of their arena, head of the chain last (as in the host
+// tier), so that the demoter moves blocks nobody asked for first.
+func TestGPULookupRefreshesRecency(t *testing.T) {
+	r := newGPURigN(t, 1, false)
+	g := r.gs.GPUs[0]
+	a, b, c := chainKey(4, 1), chainKey(4, 2), chainKey(4, 3)
+	for _, k := range []Key{a, b, c} { // a is the oldest
+		if at := r.put(t, k, 0); at != g.Slots {
+			t.Fatal("a device put with room did not land on the GPU")
+		}
+	}
+	out := make([]shm.Tier, 2)
+	if hits, _ := r.gs.Lookup([]Key{a, b}, out); hits != 2 {
+		t.Fatalf("lookup: %d hits", hits)
+	}
+	var order []Key
+	for _, hd := range g.Slots.PinColdest(3, nil) {
+		order = append(order, hd.Key)
+		g.Slots.Unpin(hd, false)
+	}
+	if want := []Key{c, b, a}; len(order) != 3 || order[0] != want[0] || order[1] != want[1] || order[2] != want[2] {
+		t.Fatalf("coldest first after a lookup of [a b]: %v, want [c b a] = %v", order, want)
+	}
+}
