@@ -82,7 +82,8 @@ type Options struct {
 	// registers the host arena as pinned: see PutFromDevice, GetToDevice.
 	Device cudaipc.Device
 	// GPU names the GPU when Device is nil: an ordinal ("0") or a UUID
-	// ("GPU-xxxxxxxx-..."); the client opens it and closes it with Close.
+	// ("GPU-xxxxxxxx-..."); the client opens it and closes it with Close
+	// (or, with leases still open then, once the last is released).
 	GPU string
 }
 
@@ -102,6 +103,13 @@ type Client struct {
 	queues       map[cudaipc.Stream]*streamQueue
 	events       []cudaipc.Event
 	eventsClosed bool
+
+	// devUsers counts the connections holding the daemon's GPU arena
+	// mapped (and the host arena pinned) through dev; a GPU the client
+	// opened is closed by the last of Close and those (devMu).
+	devMu      sync.Mutex
+	devUsers   int
+	devClosing bool
 }
 
 // Dial checks that the daemon answers and returns a Client for it.
@@ -183,9 +191,35 @@ func (c *Client) Close() error {
 	}
 	c.closeEvents()
 	if ownDev {
-		c.dev.Close() // best effort: leases still open keep their mappings
+		// Leases still open keep their mappings, which need the device
+		// to be unmapped: the last of them closes it (devDone).
+		c.devMu.Lock()
+		c.devClosing = true
+		idle := c.devUsers == 0
+		c.devMu.Unlock()
+		if idle {
+			c.dev.Close()
+		}
 	}
 	return nil
+}
+
+// devUse counts a connection that mapped the daemon's GPU arena through
+// c.dev; devDone ends it once the mapping is closed.
+func (c *Client) devUse() {
+	c.devMu.Lock()
+	c.devUsers++
+	c.devMu.Unlock()
+}
+
+func (c *Client) devDone() {
+	c.devMu.Lock()
+	c.devUsers--
+	last := c.devUsers == 0 && c.devClosing
+	c.devMu.Unlock()
+	if last {
+		c.dev.Close()
+	}
 }
 
 func (c *Client) forget(s *Session) {

@@ -79,6 +79,7 @@ func (cn *conn) openGPU(ctx context.Context) error {
 		return fmt.Errorf("%w: gpu arena maps %d bytes, daemon announced %d", shm.ErrMalformed, m.Size(), ga.Size)
 	}
 	cn.gpu, cn.gpuSize = m, ga.Size
+	cn.s.c.devUse()
 	// Pinned host memory makes D2H/H2D copies of host slots DMA at full
 	// speed; without it they still work, staged by the driver.
 	cn.hostPinned = dev.RegisterHost(cn.mem) == nil
@@ -94,6 +95,7 @@ func (cn *conn) closeGPU() {
 	if cn.gpu != nil {
 		cn.gpu.Close()
 		cn.gpu = nil
+		cn.s.c.devDone()
 	}
 }
 

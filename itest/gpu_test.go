@@ -159,6 +159,28 @@ func gpuClientRole() int {
 		fmt.Printf("GOT gpu=%d host=%d\n", tiers["gpu"], tiers["host"])
 	case "hold":
 		return gpuHoldRole(ctx, s, dev, seed, hs, bs)
+	case "closelease":
+		// Close the client (which opened its GPU) with a lease still
+		// open, then release the lease: the last user of the mappings
+		// unpins the host arena and unmaps the GPU arena, on a device
+		// that must still be open for it.
+		blk := make([]byte, bs)
+		fillPayload(blk, hs[0])
+		if _, err := s.Put(ctx, hs[0], blk); err != nil {
+			return fail("put: %v", err)
+		}
+		l, err := s.Acquire(ctx, hs[0])
+		if err != nil {
+			return fail("acquire: %v", err)
+		}
+		b := l.Bytes()
+		c.Close()
+		l.Release() // the session is gone: only the mappings' reference matters
+		if err := dev.RegisterHost(b); err != nil {
+			return fail("host arena still registered after its last user let go: %v", err)
+		}
+		dev.UnregisterHost(b)
+		fmt.Println("CLOSED")
 	default:
 		return fail("unknown op %q", op)
 	}
@@ -390,5 +412,34 @@ func TestGPUExchange10k(t *testing.T) {
 		if !moves[want] {
 			t.Fatalf("no %s move row: %+v", want, st.Moves)
 		}
+	}
+}
+
+// TestGPUClientClosedWithLease: a client that opened its GPU itself
+// (Options.GPU) and is closed while a lease is still open keeps the device
+// open until that lease is released, so that the last user of the session's
+// mappings can unregister the pinned host arena and unmap the GPU arena
+// (with CUDA both need the device's context: on a closed device they fail,
+// and the registration and the mapping leak for the process's life).
+func TestGPUClientClosedWithLease(t *testing.T) {
+	if !cudaipc.Emulated {
+		t.Skip("cuda build: run through scripts/gpu-check.sh on a GPU host")
+	}
+	dir := tmpDir(t)
+	emu := map[string]string{cudaipc.EnvEmulatedGPUs: "1:64MiB"}
+	d := startProc(t, "daemon", "daemon", map[string]string{envDir: dir, envGPUArena: "8MiB", envCapacity: "64MiB",
+		cudaipc.EnvEmulatedGPUs: emu[cudaipc.EnvEmulatedGPUs]}, "READY")
+	defer d.kill()
+	env := map[string]string{envSocket: socketOf(dir), envGPU: "0", envOp: "closelease",
+		envSeed: "5", envN: "1", envBlock: strconv.Itoa(256 << 10)}
+	for k, v := range emu {
+		env[k] = v
+	}
+	p := startProc(t, "closelease", "gpuclient", env, "")
+	if l := p.expect("CLOSED", 60*time.Second); l != "CLOSED" {
+		t.Fatalf("client: %q", l)
+	}
+	if err := p.wait(30 * time.Second); err != nil {
+		t.Fatalf("client: %v", err)
 	}
 }
