@@ -1059,7 +1059,14 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 			c.ioHook("put", run[i].Key)
 		}
 	}
-	if err := c.NVMe.PutBatch(keys, blocks); err != nil {
+	// A block deleted meanwhile is left out, checked under the store's lock
+	// on its key (Chain.delete's NVMe step waits for a block kept before
+	// its host step). Stored and removed after the batch, it was visible in
+	// between, after its Delete returned (a Lookup hit, a put refused as a
+	// duplicate), and the removal took with it a newer generation that
+	// another writer stored meanwhile.
+	keep := func(j int) bool { return !c.Host.Deleted(run[idx[j]]) }
+	if err := c.NVMe.PutBatchIf(keys, blocks, keep); err != nil {
 		// Earlier chunks of the batch may be stored: those blocks count as
 		// not written now and find their clean copy at the next attempt.
 		c.demoteErrors.Add(uint64(len(keys))) // blocks, like the moves
@@ -1071,11 +1078,6 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 	}
 	dt := time.Since(t0)
 	for _, i := range idx {
-		if c.Host.Deleted(run[i]) {
-			// Deleted while we wrote it: Chain.Delete found no copy below
-			// to remove, so this one would outlive the delete.
-			c.NVMe.Delete(nk(run[i].Key))
-		}
 		ok[i] = true
 		took[i] = dt
 		if c.cfg.ObserveSwapOut != nil {
@@ -1366,9 +1368,14 @@ func (c *Chain) delete(k Key) bool {
 		c.mu.Unlock()
 	}()
 	found := c.Host.Delete(k)
-	if c.inNVMe(k) {
+	if c.NVMe != nil {
+		// Unconditionally: a write-down that kept the block (PutBatchIf)
+		// before the host step above may not have indexed it yet; it
+		// holds the key's lock, which Delete waits for.
+		if c.inNVMe(k) {
+			found = true
+		}
 		c.NVMe.Delete(nk(k))
-		found = true
 	}
 	return found
 }

@@ -514,3 +514,124 @@ func TestAcquireJoiningDeletedPromotion(t *testing.T) {
 		t.Fatal("the second acquire was never answered")
 	}
 }
+
+// TestDeletedWhileWrittenDownNeverVisible: a block deleted while a
+// write-down of it is in flight must not be seen in NVMe after Delete
+// returned. writeDown used to store it and remove it only after the batch
+// returned: in between, a Lookup hit it (and prefetched it) and a put of the
+// key was refused as a duplicate.
+func TestDeletedWhileWrittenDownNeverVisible(t *testing.T) {
+	const bs = 64 << 10
+	a, b := chainKey(50, 1), chainKey(50, 2)
+	var deleted bool
+	var seen []string
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		hook: func(op string, k Key) {
+			if op == "put" && k == b {
+				deleted = r.c.Delete(b) // before the batch is written
+			}
+		},
+		cfg: ChainConfig{ObserveSwapOut: func(time.Duration) {
+			// Between the batch's blocks: a's copy is done, b's delete
+			// returned long ago.
+			tiers := make([]shm.Tier, 1)
+			if hits, _ := r.c.Lookup([]Key{b}, tiers); hits != 0 {
+				seen = append(seen, "Lookup hit")
+			}
+			if r.store.Contains(nk(b)) {
+				seen = append(seen, "NVMe holds it")
+			}
+		}}})
+	r.putHost(t, a, bs)
+	r.putHost(t, b, bs)
+	var run []*Handle
+	for _, k := range []Key{a, b} {
+		hd, ok := r.h.Pin(k)
+		if !ok {
+			t.Fatalf("pin %v", k)
+		}
+		run = append(run, hd)
+	}
+	ok, _, _ := r.c.writeDown(run)
+	for _, hd := range run {
+		r.h.Unpin(hd, false)
+	}
+	if !deleted {
+		t.Fatal("Delete found nothing")
+	}
+	if !ok[0] {
+		t.Fatal("the live block was not written down")
+	}
+	if len(seen) > 0 {
+		t.Fatalf("after Delete returned, the deleted block was back while its write-down finished: %v", seen)
+	}
+	if r.inAny(b) {
+		t.Fatalf("deleted block is back: host %v nvme %v", r.h.Contains(b), r.store.Contains(nk(b)))
+	}
+	r.checkNVMeBytes(t, a, bs)
+}
+
+// TestOldWriteDownKeepsNewerGeneration: a write-down that finds its block
+// deleted must not remove a newer generation of the key that another
+// writer (parkLoop, Flush beside the demoter) stored meanwhile. writeDown
+// used to call NVMe.Delete(key) after its batch, and the re-put block was
+// lost from every tier.
+func TestOldWriteDownKeepsNewerGeneration(t *testing.T) {
+	const bs = 64 << 10
+	k := chainKey(49, 1)
+	newBytes := bytes.Repeat([]byte{0xBB}, bs)
+	var fired bool
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		hook: func(op string, key Key) {
+			if op != "put" || key != k || fired {
+				return
+			}
+			fired = true
+			// Before the old generation's batch is written: it is deleted,
+			// put again, and the new generation written down by another
+			// writer, which drops it from the host tier.
+			if !r.c.Delete(k) {
+				t.Error("delete found nothing")
+			}
+			hd, err := r.c.Reserve(k, bs)
+			if err != nil {
+				t.Errorf("re-put after delete: %v", err)
+				return
+			}
+			copy(r.h.Bytes(hd), newBytes)
+			if err := r.h.Commit(hd); err != nil {
+				t.Error(err)
+				return
+			}
+			h2, ok := r.h.Pin(k)
+			if !ok {
+				t.Error("pin of the new generation")
+				return
+			}
+			if ok2, _, _ := r.c.writeDown([]*Handle{h2}); !ok2[0] {
+				t.Error("write-down of the new generation failed")
+			}
+			if dropped, _ := r.h.Unpin(h2, true); !dropped {
+				t.Error("the new generation stayed in the host tier")
+			}
+		}})
+	r.putHost(t, k, bs)
+	h1, ok := r.h.Pin(k)
+	if !ok {
+		t.Fatal("pin")
+	}
+	r.c.writeDown([]*Handle{h1})
+	r.h.Unpin(h1, true)
+	if !fired {
+		t.Fatal("the old generation was not written down")
+	}
+	if !r.store.Contains(nk(k)) {
+		t.Fatalf("the block put again after the delete is lost: host %v nvme %v", r.h.Contains(k), r.store.Contains(nk(k)))
+	}
+	dst := make([]byte, bs)
+	if n, err := r.store.Get(nk(k), dst); err != nil || n != bs || !bytes.Equal(dst, newBytes) {
+		t.Fatalf("NVMe copy: %d bytes, %v, new generation's bytes %v", n, err, bytes.Equal(dst, newBytes))
+	}
+}

@@ -1,6 +1,7 @@
 package nvme
 
 import (
+	"bytes"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -130,4 +131,65 @@ func keysAndBlocks(ns uint32, sizes []int) ([]Key, [][]byte) {
 		blocks[i] = payloadFor(keys[i], sz)
 	}
 	return keys, blocks
+}
+
+// TestPutBatchIf: blocks keep refuses are not stored (across chunks, with
+// the other blocks of their chunk stored), and a refused key's older block
+// is left as it was.
+func TestPutBatchIf(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		n     int
+		size  int
+		leave []int // indexes keep refuses
+	}{
+		{name: "none refused", n: 4, size: 4096},
+		{name: "one of a chunk", n: 4, size: 4096, leave: []int{1}},
+		{name: "all", n: 3, size: 4096, leave: []int{0, 1, 2}},
+		{name: "across chunks", n: 40, size: 64 << 10, leave: []int{0, 15, 16, 39}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := openT(t, filepath.Join(t.TempDir(), "nvme"), 256<<20)
+			defer s.Close()
+			sizes := make([]int, tt.n)
+			for i := range sizes {
+				sizes[i] = tt.size
+			}
+			keys, blocks := keysAndBlocks(3, sizes)
+			old := payloadFor(testKey(9, 0), 100)
+			if err := s.Put(keys[0], old); err != nil { // an older block under a key
+				t.Fatal(err)
+			}
+			refused := map[int]bool{}
+			for _, i := range tt.leave {
+				refused[i] = true
+			}
+			asked := map[int]int{}
+			if err := s.PutBatchIf(keys, blocks, func(i int) bool { asked[i]++; return !refused[i] }); err != nil {
+				t.Fatal(err)
+			}
+			var want int64
+			for i, k := range keys {
+				if asked[i] != 1 {
+					t.Fatalf("keep(%d) ran %d times", i, asked[i])
+				}
+				switch {
+				case !refused[i]:
+					mustGet(t, s, k, tt.size)
+					want += int64(tt.size)
+				case i == 0:
+					dst := make([]byte, len(old))
+					if n, err := s.Get(k, dst); err != nil || n != len(old) || !bytes.Equal(dst, old) {
+						t.Fatalf("the refused key's older block: %d bytes, %v", n, err)
+					}
+					want += int64(len(old))
+				case s.Contains(k):
+					t.Fatalf("block %d stored though keep refused it", i)
+				}
+			}
+			if st := s.Stats(); st.Bytes != want {
+				t.Fatalf("%d bytes indexed, want %d", st.Bytes, want)
+			}
+		})
+	}
 }

@@ -551,6 +551,17 @@ const putBatchBytes = 1 << 20
 // stored whole or not at all; on error the blocks of earlier chunks are
 // stored and the rest are not. Keys must be distinct.
 func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
+	return s.PutBatchIf(keys, blocks, nil)
+}
+
+// PutBatchIf is PutBatch storing only the blocks for which keep (if set)
+// reports true. keep(i) runs while keys[i] is locked against Delete, just
+// before the block would be written: a Delete of keys[i] that returned
+// before keep ran finds nothing to remove, and one that begins after it
+// waits for the block to be indexed and removes it. A caller writing down
+// a copy of a block that may be deleted meanwhile asks keep whether it
+// still exists, so that the deleted block never becomes visible here.
+func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) error {
 	if len(keys) != len(blocks) {
 		return fmt.Errorf("nvme: put batch: %d keys, %d blocks", len(keys), len(blocks))
 	}
@@ -575,7 +586,12 @@ func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
 			}
 			n += rl
 		}
-		if err := s.putChunk(keys[i:j], blocks[i:j]); err != nil {
+		var chunkKeep func(int) bool
+		if keep != nil {
+			base := i
+			chunkKeep = func(c int) bool { return keep(base + c) }
+		}
+		if err := s.putChunk(keys[i:j], blocks[i:j], chunkKeep); err != nil {
 			return err
 		}
 		i = j
@@ -584,8 +600,9 @@ func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
 }
 
 // putChunk stores one chunk of PutBatch: at most putBatchBytes of records
-// (or one block), which fits in one segment.
-func (s *Store) putChunk(keys []Key, blocks [][]byte) error {
+// (or one block), which fits in one segment. Blocks keep (if set) refuses
+// once their stripes are locked are left out.
+func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) error {
 	var need int64
 	for _, b := range blocks {
 		need += charged(int64(len(b)))
@@ -628,6 +645,31 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte) error {
 		if held[st] {
 			s.stripes[st].Lock()
 			defer s.stripes[st].Unlock()
+		}
+	}
+	if keep != nil {
+		if hashed != nil {
+			<-hashed
+			hashed = nil
+		}
+		var fk []Key
+		var fb [][]byte
+		var fkb [][keyLen]byte
+		var fr []record
+		for i := range keys {
+			if keep(i) {
+				fk, fb, fkb, fr = append(fk, keys[i]), append(fb, blocks[i]), append(fkb, kbs[i]), append(fr, recs[i])
+			}
+		}
+		if len(fk) == 0 {
+			return nil
+		}
+		if len(fk) < len(keys) {
+			keys, blocks, kbs, recs = fk, fb, fkb, fr
+			need = 0
+			for _, b := range blocks {
+				need += charged(int64(len(b)))
+			}
 		}
 	}
 
