@@ -164,6 +164,10 @@ type promotion struct {
 	// put again since: this promotion's failure is not theirs; finish
 	// starts a promotion of their own.
 	late []func(*Handle, error)
+	// res (Chain.mu): the host reservation copyUp holds for the block
+	// while it reads it. Once deleted is set it is never committed, and
+	// Reserve takes its place in the host index from it (Host.Disown).
+	res *Handle
 }
 
 type polOp uint8
@@ -558,7 +562,24 @@ func (c *Chain) Reserve(k Key, size int64) (*Handle, error) {
 	if c.inNVMe(k) {
 		return nil, ErrExists
 	}
-	return c.Host.Reserve(k, size)
+	hd, err := c.Host.Reserve(k, size)
+	if errors.Is(err, ErrExists) && c.disownDeletedPromotion(k) {
+		// The key was held by the reservation of a promotion of a block
+		// deleted since (it will not be committed): the block is gone, and
+		// this put must not be dropped as a duplicate.
+		hd, err = c.Host.Reserve(k, size)
+	}
+	return hd, err
+}
+
+// disownDeletedPromotion takes k's place in the host index from the
+// reservation of a promotion that a Delete marked, and reports whether it
+// did. The promotion keeps its slot until it aborts it.
+func (c *Chain) disownDeletedPromotion(k Key) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.inflight[k]
+	return p != nil && p.deleted && p.res != nil && c.Host.Disown(p.res)
 }
 
 // noteLookup reports the host-resident blocks of a lookup's hit prefix to
@@ -752,7 +773,12 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 		idx  []int
 	)
 	for i, p := range run {
+		c.mu.Lock() // p.res is set with the reservation, for Reserve
 		hd, err := c.Host.Reserve(p.key, p.size)
+		if err == nil {
+			p.res = hd
+		}
+		c.mu.Unlock()
 		if errors.Is(err, ErrExists) {
 			continue // put or promoted meanwhile
 		}

@@ -635,3 +635,54 @@ func TestOldWriteDownKeepsNewerGeneration(t *testing.T) {
 		t.Fatalf("NVMe copy: %d bytes, %v, new generation's bytes %v", n, err, bytes.Equal(dst, newBytes))
 	}
 }
+
+// TestPutAfterDeleteDuringPromotion: a block deleted while a promotion
+// holds a host reservation for it can be put again at once. Reserve used to
+// find the promotion's reservation, doomed by the delete, and answer
+// ErrExists: the put was dropped as a duplicate of a block no tier held.
+func TestPutAfterDeleteDuringPromotion(t *testing.T) {
+	const bs = 64 << 10
+	k := chainKey(51, 1)
+	newBytes := bytes.Repeat([]byte{0xCD}, bs)
+	var deleted bool
+	var putErr error
+	var once sync.Once
+	var r *chainRig
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		hook: func(op string, key Key) {
+			if op != "get" || key != k {
+				return
+			}
+			once.Do(func() {
+				// The promotion holds its host reservation and is about to
+				// read: a session deletes the block and puts it again.
+				deleted = r.c.Delete(k)
+				hd, err := r.c.Reserve(k, bs)
+				if putErr = err; err != nil {
+					return
+				}
+				copy(r.h.Bytes(hd), newBytes)
+				putErr = r.h.Commit(hd)
+			})
+		}})
+	r.putNVMe(t, k, bs)
+	r.start()
+	if hd, err := acquireWait(t, r.c, k, bs); err == nil {
+		r.h.Release(hd)
+	}
+	if !deleted {
+		t.Fatal("Delete found nothing")
+	}
+	if putErr != nil {
+		t.Fatalf("put after the delete returned: %v", putErr)
+	}
+	hd, ok := r.h.Acquire(k)
+	if !ok {
+		t.Fatal("the block put after the delete is not in the host tier")
+	}
+	defer r.h.Release(hd)
+	if !bytes.Equal(r.h.Bytes(hd), newBytes) {
+		t.Fatalf("host holds other bytes than the put's (the deleted block's: %v)", bytes.Equal(r.h.Bytes(hd), blockFor(k, bs)))
+	}
+	eventually(t, 5*time.Second, "the promotion's reservation was not given up", func() bool { return r.h.Stats().Reserved == 0 })
+}

@@ -649,6 +649,9 @@ func (h *Host) commitLocked(hd *Handle) error {
 	if hd.state != stateReserved {
 		return fmt.Errorf("%w: commit of a block that is not reserved", ErrHandleState)
 	}
+	if h.index[hd.Key] != hd {
+		return fmt.Errorf("%w: commit of a disowned reservation", ErrHandleState)
+	}
 	hd.state = stateCommitted
 	h.reserved--
 	h.committed++
@@ -674,11 +677,27 @@ func (h *Host) Abort(hd *Handle) error {
 	if hd.state != stateReserved {
 		return fmt.Errorf("%w: abort of a block that is not reserved", ErrHandleState)
 	}
-	delete(h.index, hd.Key)
+	if h.index[hd.Key] == hd { // else disowned (Disown)
+		delete(h.index, hd.Key)
+	}
 	h.reserved--
 	h.unpin(&h.slabs[hd.slab])
 	h.freeSlot(hd)
 	return nil
+}
+
+// Disown removes the reservation hd from the index, so that its key can be
+// reserved again, and reports whether it did. Its owner keeps the slot and
+// must Abort it; it can no longer commit it. For a reservation that will
+// never be committed (a promotion of a block deleted since).
+func (h *Host) Disown(hd *Handle) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hd.state != stateReserved || h.index[hd.Key] != hd {
+		return false
+	}
+	delete(h.index, hd.Key)
+	return true
 }
 
 // Acquire leases the committed block for key and makes it MRU. Leases are
