@@ -73,45 +73,70 @@ func TestResumeHostFullNotGone(t *testing.T) {
 	}
 }
 
+// parkRig is a daemon whose 64 MiB NVMe budget four 16 MiB parked requests
+// fill, beside a 32 MiB host tier.
+type parkRig struct {
+	ctx context.Context
+	c   *client.Client
+	s   *client.Session
+	ns  client.Namespace
+}
+
+const (
+	parkRigBlock = 1 << 20
+	parkRigPer   = 16 // blocks per parked request
+)
+
+func newParkRig(t *testing.T, name string) *parkRig {
+	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
+		withNVMe(c)
+		c.NVMe.Capacity = 64 << 20
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	r := &parkRig{ctx: ctx, c: dial(t, ip.cfg.Socket), ns: testNS(name, parkRigBlock)}
+	r.s = open(t, r.c, r.ns)
+	return r
+}
+
+// park parks request req and waits until its write-through to NVMe is done
+// or has failed (the disk budget is full of parked blocks).
+func (r *parkRig) park(t *testing.T, req uint64) (blocks [][]byte, failed bool) {
+	t.Helper()
+	st0, err := r.c.Stats(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m0 := moveStats(st0, "host", "nvme")
+	blocks = make([][]byte, parkRigPer)
+	for i := range blocks {
+		blocks[i] = payload(client.Hash{Hi: req, Lo: uint64(i) + 700}, parkRigBlock)
+	}
+	if err := r.s.Park(r.ctx, req, blocks); err != nil {
+		t.Fatalf("park %d: %v", req, err)
+	}
+	st, _, ok := waitStats(t, r.c, 5*time.Second, func(st *client.Stats) bool {
+		m := moveStats(st, "host", "nvme")
+		return m.Blocks >= m0.Blocks+parkRigPer || m.Errors > m0.Errors
+	})
+	if !ok {
+		t.Fatalf("park %d neither written through nor refused: %+v", req, st.Tiers)
+	}
+	return blocks, moveStats(st, "host", "nvme").Errors > m0.Errors
+}
+
 // TestParkedKeptWhenDiskFreesUp: a parked request whose write-through
 // failed because parked requests filled the NVMe budget stays in the host
 // tier. Once the disk has room again (those requests resumed), it must not
 // be dropped for space: a host tier short of slots evicts it unless it is
 // held (and written down when it can be).
 func TestParkedKeptWhenDiskFreesUp(t *testing.T) {
-	const bs = 1 << 20
-	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
-		withNVMe(c)
-		c.NVMe.Capacity = 64 << 20
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c := dial(t, ip.cfg.Socket)
-	s := open(t, c, testNS("park-disk", bs))
-	const per = 16
-	park := func(req uint64) [][]byte {
-		blocks := make([][]byte, per)
-		for i := range blocks {
-			blocks[i] = payload(client.Hash{Hi: req, Lo: uint64(i) + 700}, bs)
-		}
-		if err := s.Park(ctx, req, blocks); err != nil {
-			t.Fatalf("park %d: %v", req, err)
-		}
-		return blocks
-	}
+	r := newParkRig(t, "park-disk")
 	// Park 16 MiB requests until one cannot be written through.
 	var full uint64
 	var fullBlocks [][]byte
 	for req := uint64(1); req <= 8 && full == 0; req++ {
-		blocks := park(req)
-		st, _, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
-			used, _ := hostUsed(st)
-			return used == 0 || moveStats(st, "host", "nvme").Errors > 0
-		})
-		if !ok {
-			t.Fatalf("park %d neither written through nor refused: %+v", req, st.Tiers)
-		}
-		if moveStats(st, "host", "nvme").Errors > 0 {
+		if blocks, failed := r.park(t, req); failed {
 			full, fullBlocks = req, blocks
 		}
 	}
@@ -119,22 +144,22 @@ func TestParkedKeptWhenDiskFreesUp(t *testing.T) {
 		t.Fatal("128 MiB of parked requests never filled a 64 MiB NVMe budget")
 	}
 	// Resume the others: the disk has room again.
-	dst := make([][]byte, per)
+	dst := make([][]byte, parkRigPer)
 	for i := range dst {
-		dst[i] = make([]byte, bs)
+		dst[i] = make([]byte, parkRigBlock)
 	}
 	for req := uint64(1); req < full; req++ {
-		if err := s.Resume(ctx, req, dst); err != nil {
+		if err := r.s.Resume(r.ctx, req, dst); err != nil {
 			t.Fatalf("resume %d: %v", req, err)
 		}
 	}
 	// Another session wants the whole host tier.
-	other := open(t, c, testNS("park-disk", bs))
-	rs, _ := other.ReserveBatch(ctx, chain(31, 32))
-	if err := other.AbortBatch(ctx, rs); err != nil {
+	other := open(t, r.c, r.ns)
+	rs, _ := other.ReserveBatch(r.ctx, chain(31, 32))
+	if err := other.AbortBatch(r.ctx, rs); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Resume(ctx, full, dst); err != nil {
+	if err := r.s.Resume(r.ctx, full, dst); err != nil {
 		t.Fatalf("resume of the request parked while the disk was full, after the disk had room: %v", err)
 	}
 	for i := range dst {
@@ -150,38 +175,11 @@ func TestParkedKeptWhenDiskFreesUp(t *testing.T) {
 // leave their blocks evictable, so a session's own puts still get half the
 // tier however many parks fail.
 func TestFailedParksHoldAtMostHalfTheHost(t *testing.T) {
-	const bs = 1 << 20
-	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
-		withNVMe(c)
-		c.NVMe.Capacity = 64 << 20
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c := dial(t, ip.cfg.Socket)
-	s := open(t, c, testNS("park-share", bs))
-	const per = 16
-	park := func(req uint64) {
-		blocks := make([][]byte, per)
-		for i := range blocks {
-			blocks[i] = payload(client.Hash{Hi: req, Lo: uint64(i) + 900}, bs)
-		}
-		if err := s.Park(ctx, req, blocks); err != nil {
-			t.Fatalf("park %d: %v", req, err)
-		}
-	}
+	r := newParkRig(t, "park-share")
 	// Park 16 MiB requests until write-through fails, then two more.
 	failed := 0
 	for req := uint64(1); req <= 12 && failed < 3; req++ {
-		park(req)
-		before := failed
-		st, _, ok := waitStats(t, c, 5*time.Second, func(st *client.Stats) bool {
-			used, _ := hostUsed(st)
-			return used == int64(failed)*per*bs || moveStats(st, "host", "nvme").Errors > uint64(failed)
-		})
-		if !ok {
-			t.Fatalf("park %d neither written through nor refused: %+v", req, st.Tiers)
-		}
-		if moveStats(st, "host", "nvme").Errors > uint64(before) {
+		if _, f := r.park(t, req); f {
 			failed++
 		}
 	}
@@ -189,22 +187,21 @@ func TestFailedParksHoldAtMostHalfTheHost(t *testing.T) {
 		t.Fatal("parked requests never filled the 64 MiB NVMe budget")
 	}
 	// Another session wants half the host tier.
-	other := open(t, c, testNS("park-share", bs))
-	hs := chain(41, per)
-	rs, err := other.ReserveBatch(ctx, hs)
+	other := open(t, r.c, r.ns)
+	rs, err := other.ReserveBatch(r.ctx, chain(41, parkRigPer))
 	got := 0
-	for _, r := range rs {
-		if r != nil {
+	for _, res := range rs {
+		if res != nil {
 			got++
 		}
 	}
-	if got != per {
-		st, _ := c.Stats(ctx)
+	if got != parkRigPer {
+		st, _ := r.c.Stats(r.ctx)
 		used, capacity := hostUsed(st)
 		t.Fatalf("reserved %d of %d blocks (err %v) with %d of %d host bytes used: failed parks pinned more than half the tier",
-			got, per, err, used, capacity)
+			got, parkRigPer, err, used, capacity)
 	}
-	if err := other.AbortBatch(ctx, rs); err != nil {
+	if err := other.AbortBatch(r.ctx, rs); err != nil {
 		t.Fatal(err)
 	}
 }
