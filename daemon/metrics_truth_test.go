@@ -95,10 +95,7 @@ func TestHostMissCountedOnceWithGPUTier(t *testing.T) {
 // holds, so it must come back down with them: without NVMe no TTL pass
 // would ever correct it.
 func TestParkedGaugeAfterHostEviction(t *testing.T) {
-	leaks := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
-	md := startMetricsDaemon(t, false)
+	md := startTruthDaemon(t, false)
 	addr := md.d.MetricsAddr()
 	const bs = 1 << 20
 	ctx, s := openMetricsSession(t, md, bs)
@@ -176,10 +173,7 @@ func corruptPayload(t *testing.T, dir string, payload []byte) {
 // disk fail verification is answered as a miss (docs/metrics.md,
 // checksum_miss): it is an NVMe miss, not an NVMe hit, and no promotion.
 func TestCorruptNVMeGetIsAMiss(t *testing.T) {
-	leaks := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
-	md := startMetricsDaemon(t, true)
+	md := startTruthDaemon(t, true)
 	addr := md.d.MetricsAddr()
 	const bs = 64 << 10
 	ctx, s := openMetricsSession(t, md, bs)
@@ -232,10 +226,7 @@ func TestCorruptNVMeGetIsAMiss(t *testing.T) {
 // occupancy (resident / capacity) is against it. The NVMe capacity follows
 // a reload the same way.
 func TestHostCapacityAfterReload(t *testing.T) {
-	leaks := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
-	md := startMetricsDaemon(t, true)
+	md := startTruthDaemon(t, true)
 	addr := md.d.MetricsAddr()
 	next := md.d.Config()
 	next.Host.Capacity = 12 * MiB
@@ -263,10 +254,7 @@ func TestHostCapacityAfterReload(t *testing.T) {
 // (the resume fails). kvtier_parked_blocks then counts the parked blocks
 // the daemon still holds, not the one it dropped.
 func TestParkedGaugeAfterCorruptDrop(t *testing.T) {
-	leaks := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
-	md := startMetricsDaemon(t, true)
+	md := startTruthDaemon(t, true)
 	addr := md.d.MetricsAddr()
 	const bs = 64 << 10
 	ctx, s := openMetricsSession(t, md, bs)
@@ -315,10 +303,7 @@ func TestParkedGaugeAfterCorruptDrop(t *testing.T) {
 // connects after it), which kvtier_errors_total{kind="refused_connection"}
 // does not count: an operator's restart is not a misbehaving peer.
 func TestHandshakeCutByShutdownNotCounted(t *testing.T) {
-	leaks := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
-	md := startMetricsDaemon(t, false)
+	md := startTruthDaemon(t, false)
 	raw, err := net.Dial("unixpacket", md.cfg.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -360,4 +345,13 @@ func TestHandshakeCutByShutdownNotCounted(t *testing.T) {
 	if v := md.d.metrics.refused.Load(); v != 0 {
 		t.Errorf("refused_connection = %d after a shutdown cut a handshake, want 0", v)
 	}
+}
+
+// startTruthDaemon starts a metrics daemon without emulated GPUs (NVMe on
+// or off) and checks for leaked goroutines after it stopped.
+func startTruthDaemon(t *testing.T, nvmeOn bool) *metricsDaemon {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) })
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
+	return startMetricsDaemon(t, nvmeOn)
 }
