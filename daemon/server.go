@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -194,7 +193,7 @@ func openNVMe(cfg Config, epoch uint64, newEpoch bool, log *slog.Logger) (*nvme.
 		if err := unix.Statfs(on, &st); err != nil {
 			return nil, fmt.Errorf("size nvme tier: statfs %s: %w", on, err)
 		}
-		free := int64(st.Bavail)*int64(st.Bsize) + allocatedUnder(dir)
+		free := int64(st.Bavail)*int64(st.Bsize) + nvme.DiskUsage(dir)
 		capacity = min(free/2, 1<<40)
 		if capacity < nvme.MinCapacity {
 			return nil, fmt.Errorf("only %d bytes free under %s; set nvme.capacity or nvme.enabled=false", free, cfg.StateDir)
@@ -213,24 +212,6 @@ func openNVMe(cfg Config, epoch uint64, newEpoch bool, log *slog.Logger) (*nvme.
 	log.Info("nvme tier ready", "dir", dir, "capacity", ByteSize(capacity).String(), "blocks", st.Blocks,
 		"bytes", st.Bytes, "reindexed_in", time.Since(t0).Round(time.Millisecond))
 	return store, nil
-}
-
-// allocatedUnder returns the bytes the regular files under dir occupy on
-// disk (0 if it does not exist).
-func allocatedUnder(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
-		if err != nil || !e.Type().IsRegular() {
-			return nil
-		}
-		if fi, err := e.Info(); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
-			}
-		}
-		return nil
-	})
-	return n
 }
 
 // nvmeEpochFile, in the state dir, holds the namespace registry epoch the

@@ -307,7 +307,7 @@ func (s *Store) measure() int64 {
 	s.measureMu.Lock()
 	defer s.measureMu.Unlock()
 	w0 := s.writtenSince.Load()
-	d := dirUsage(s.dir) + dirUsage(filepath.Join(s.dir, segDirName))
+	d := DiskUsage(s.dir)
 	s.diskMeasured.Store(d)
 	if a, ok := fsAvail(s.dir); ok {
 		s.fsAvail.Store(a)
@@ -316,6 +316,12 @@ func (s *Store) measure() int64 {
 	}
 	s.writtenSince.Add(-w0)
 	return d
+}
+
+// DiskUsage returns the bytes a store's directory dir occupies on disk:
+// badger's files and the segments (0 if it does not exist).
+func DiskUsage(dir string) int64 {
+	return dirUsage(dir) + dirUsage(filepath.Join(dir, segDirName))
 }
 
 // dirUsage returns the allocated bytes of the regular files in dir.
