@@ -98,7 +98,7 @@ type Chain struct {
 	parkCh chan *Handle
 	// parkRetry (parkMu) holds parked blocks whose write-through failed
 	// (disk budget full of parked blocks, a write error, too large for
-	// NVMe): still pinned in the host tier, never dropped for space, and
+	// NVMe): still pinned in the host tier, so not dropped for space, and
 	// written down again at each tick of expireLoop.
 	parkRetry []*Handle
 	// parkRetryBytes (parkMu) is the size of parkRetry's blocks, held to
@@ -1217,8 +1217,8 @@ const parkHoldShare = 2
 // host copies. Blocks resumed or released meanwhile are unpinned; blocks
 // that could not be written stay pinned for the next retry (counted as
 // park errors on their first attempt) while they fit in the host tier's
-// share for them (parkHoldShare), and are left evictable beyond it. It reports whether any block of run
-// could not be written.
+// share for them (parkHoldShare), and are left evictable beyond it. It
+// reports whether any block of run could not be written.
 func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 	live := run[:0]
 	for _, hd := range run {
@@ -1257,11 +1257,8 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 			}
 			continue
 		}
-		if !c.isParked(hd.Key) {
-			// Released while we wrote: do not leave an unevictable
-			// orphan on disk.
-			c.NVMe.Delete(nk(hd.Key))
-		}
+		// Released while we wrote: writeDown left it out if the release
+		// came first, and the release's own NVMe step removes it if not.
 		if dropped, _ := c.Host.Unpin(hd, true); dropped {
 			c.demoted.Add(1)
 			c.demotedBytes.Add(uint64(hd.Size))
