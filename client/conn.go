@@ -527,7 +527,7 @@ func (cn *conn) pushOverflowLocked() bool {
 // a reference on the mappings, taken by its starter.
 func (cn *conn) drainOverflow() {
 	defer cn.unref()
-	wait := 10 * time.Microsecond
+	wait := pushMinWait
 	for {
 		cn.sqMu.Lock()
 		if cn.pushOverflowLocked() || cn.isDead() {
@@ -540,7 +540,7 @@ func (cn *conn) drainOverflow() {
 		// is full: drain it.
 		cn.poll()
 		time.Sleep(wait)
-		wait = min(2*wait, time.Millisecond)
+		wait = min(2*wait, pushMaxWait)
 	}
 }
 
