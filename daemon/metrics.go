@@ -236,6 +236,8 @@ var (
 	descGPUReserved   = desc("gpu_reserved_blocks", "GPU arena reservations not yet committed or aborted.", "tier")
 	descGPUDemotions  = desc("gpu_demotions_total", "Blocks the GPU arena's demoter moved to the host tier.", "tier")
 	descGPUFallbacks  = desc("gpu_promotion_fallbacks_total", "Device reads of host blocks served from the host tier because the GPU arena had no room to promote them (each kicks the demoter).", "tier")
+	descQuarantined   = desc("quarantined_reservations", "Reservations of ended device sessions held until their process exits (a copy queued on the client's GPU may still write them).")
+	descQuarantTotal  = desc("quarantined_reservations_total", "Reservations ever held in quarantine.")
 	descGPUCompactErr = desc("gpu_compaction_errors_total", "Failed device-to-device copies of GPU arena compaction.")
 
 	descNVMeDisk      = desc("nvme_disk_bytes", "Bytes the NVMe tier's directory occupies on disk (LSM, value log, manifest), last measurement.")
@@ -261,6 +263,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused, descOversize,
 		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
+		descQuarantined, descQuarantTotal,
 		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeReads, descNVMeNoSpace, descNVMeGC,
 		descNVMeReindex, descNVMeReindexS, descNVMeReadHits, descNVMeReadMisss,
 		descBuildInfo,
@@ -356,6 +359,8 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	open := len(d.sessions)
 	d.mu.Unlock()
 	gauge(descSessions, float64(open))
+	gauge(descQuarantined, float64(d.quar.blocks.Load()))
+	counter(descQuarantTotal, d.quar.total.Load())
 	counter(descSessionsOpen, d.sessionsTotal.Load())
 
 	var refused uint64

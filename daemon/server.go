@@ -82,6 +82,10 @@ type Daemon struct {
 	warm   warmState   // see warm.go
 
 	probes *probes // eBPF probes, memory pressure controller; see ebpf.go
+
+	// quar holds the open reservations of ended device sessions until
+	// their process has exited (quarantine.go).
+	quar *quarantine
 }
 
 // New prepares a daemon: directories, state lock, namespace registry, host
@@ -93,6 +97,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
 	d.procs.init()
+	d.quar = newQuarantine(log)
 	if cfg.Metrics.Listen != "" {
 		d.metrics = newMetrics(d)
 	}
@@ -342,6 +347,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.gpus.Start(chainCtx)
 	}
 	defer d.runProbes(ctx)() // exit events, pressure controller (ebpf.go)
+	go d.quar.run(chainCtx)  // owned by Run: ends at quar.close below, or with chainCtx
 	if d.cfg.Host.Prefault {
 		d.wg.Add(1)
 		go func() {
@@ -376,6 +382,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
+	// The sessions are done, so nothing adds to the quarantine any more.
+	// Its reservations are released before the tiers are written down and
+	// closed: a late copy must land before the host arena is kept for a
+	// warm restart, whose next daemon may hand the slot out.
+	d.quar.close()
 	if d.cfg.NVMe.FlushOnStop && d.nvme != nil {
 		t0 := time.Now()
 		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)

@@ -339,10 +339,19 @@ func (s *session) teardown() {
 			s.outstanding = 0
 		}
 	}
+	// A device session's open reservations may still be written by copies
+	// queued on its client's streams: they wait in the quarantine for its
+	// process to exit (quarantine.go).
+	var held []*tiers.Handle
 	for t, h := range s.res {
-		h.Owner().Abort(h)
+		if s.gpu >= 0 {
+			held = append(held, h)
+		} else {
+			h.Owner().Abort(h)
+		}
 		delete(s.res, t)
 	}
+	s.d.quar.add(s.pid, held)
 	for t, h := range s.leases {
 		h.Owner().Release(h)
 		delete(s.leases, t)

@@ -1,0 +1,182 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// A device client writes a reserved slot with a copy queued on one of its
+// CUDA streams (device-to-device into the GPU arena, device-to-host DMA into
+// the pinned host arena) and commits only after the copy's event. When its
+// session ends with reservations still open, those copies may not have run
+// yet, and nothing the daemon does can cancel them: they run until the
+// client's CUDA context is destroyed, which for a dying process happens when
+// the kernel closes its driver files. The exit tracer and the socket's EOF
+// both come before that. Aborting such a reservation at once would let the
+// slot be handed to another session, and the late copy would then overwrite
+// that session's committed block: wrong bytes served to a third party. So
+// the reservations of a device session are held (quarantined) until its
+// process has exited, seen on a pidfd, which the kernel signals only after
+// the process's files are closed; or, for a process still alive (a session
+// closed by the daemon, or a client closing with copies queued against the
+// client library's contract), until quarantineHold has passed, long enough
+// for any copy queued behind an inference step to run.
+const quarantineHold = 10 * time.Second
+
+// quarantinePoll bounds how late a new entry or a stop is noticed while
+// the quarantine waits on pidfds; an exit is noticed at once.
+const quarantinePoll = 20 * time.Millisecond
+
+// quarantine holds reservations until their process has exited or their
+// deadline has passed, then aborts them. One goroutine (run) releases
+// them; sessions add entries from their teardown.
+type quarantine struct {
+	log  *slog.Logger
+	hold atomic.Int64 // a time.Duration: quarantineHold; tests shorten it
+
+	mu      sync.Mutex
+	entries []quarantined
+	closing bool          // no more entries: run ends once they are released
+	wake    chan struct{} // an entry was added or closing set (capacity 1)
+	done    chan struct{} // closed when run has released everything and returned
+
+	blocks atomic.Int64 // reservations held now
+	total  atomic.Uint64
+}
+
+type quarantined struct {
+	pid     uint32
+	w       procWatch
+	until   time.Time
+	since   time.Time
+	handles []*tiers.Handle
+}
+
+func newQuarantine(log *slog.Logger) *quarantine {
+	q := &quarantine{log: log, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	q.hold.Store(int64(quarantineHold))
+	return q
+}
+
+// add takes the reservations of a device session of process pid that
+// ended with them open. They are aborted here when pid has exited
+// already, else when it exits or the hold passes. After close (the daemon
+// is past its sessions) they wait for the same conditions in close itself.
+func (q *quarantine) add(pid uint32, handles []*tiers.Handle) {
+	if len(handles) == 0 {
+		return
+	}
+	w, exited := watchProc(pid)
+	if exited {
+		abortAll(handles)
+		return
+	}
+	now, hold := time.Now(), time.Duration(q.hold.Load())
+	q.mu.Lock()
+	q.entries = append(q.entries, quarantined{pid: pid, w: w, until: now.Add(hold), since: now, handles: handles})
+	q.mu.Unlock()
+	q.blocks.Add(int64(len(handles)))
+	q.total.Add(uint64(len(handles)))
+	q.log.Info("session ended with device copies possibly in flight; holding its reservations until its process exits",
+		"pid", pid, "reservations", len(handles), "at_most", hold)
+	q.signal()
+}
+
+func (q *quarantine) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func abortAll(hs []*tiers.Handle) {
+	for _, h := range hs {
+		h.Owner().Abort(h)
+	}
+}
+
+// run releases entries as their processes exit or their holds pass, until
+// close has been called and nothing is left. ctx ending releases
+// everything at once (the daemon is being torn down without Run's orderly
+// shutdown).
+func (q *quarantine) run(ctx context.Context) {
+	defer close(q.done)
+	for {
+		q.mu.Lock()
+		n, closing := len(q.entries), q.closing
+		ws := make([]procWatch, n)
+		for i, e := range q.entries {
+			ws[i] = e.w
+		}
+		q.mu.Unlock()
+		if ctx.Err() != nil {
+			q.release(func(quarantined, int) bool { return true }, "daemon stopping")
+			return
+		}
+		if n == 0 {
+			if closing {
+				return
+			}
+			select {
+			case <-q.wake:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		exited := pollExited(ws, quarantinePoll)
+		now := time.Now()
+		q.release(func(e quarantined, i int) bool {
+			return (i < len(exited) && exited[i]) || !now.Before(e.until)
+		}, "")
+	}
+}
+
+// release aborts the entries for which free holds; i is the entry's index
+// at the last snapshot, valid because only run removes entries.
+func (q *quarantine) release(free func(e quarantined, i int) bool, why string) {
+	q.mu.Lock()
+	var out []quarantined
+	kept := q.entries[:0]
+	for i, e := range q.entries {
+		if free(e, i) {
+			out = append(out, e)
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	clear(q.entries[len(kept):])
+	q.entries = kept
+	q.mu.Unlock()
+	now := time.Now()
+	for _, e := range out {
+		e.w.close()
+		abortAll(e.handles)
+		q.blocks.Add(-int64(len(e.handles)))
+		reason := why
+		switch {
+		case reason != "":
+		case now.Before(e.until):
+			reason = "process exited"
+		default:
+			reason = "hold expired with the process alive"
+		}
+		q.log.Info("quarantined reservations released", "pid", e.pid, "reservations", len(e.handles),
+			"held", now.Sub(e.since).Round(time.Millisecond), "reason", reason)
+	}
+}
+
+// close waits until every entry is released (their processes exit or their
+// holds pass: at most hold) and run has returned. Sessions must be done:
+// add after close is not allowed.
+func (q *quarantine) close() {
+	q.mu.Lock()
+	q.closing = true
+	q.mu.Unlock()
+	q.signal()
+	<-q.done
+}
