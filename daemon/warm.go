@@ -14,8 +14,10 @@ package daemon
 // defensively, and re-adopts each block at its offset after checking its
 // checksum; a block that fails any check is dropped. Then it removes the
 // index from the store (FDSTOREREMOVE=1) and stores the arena again: a
-// daemon that crashes later restarts with the arena but no index, and
-// adopts nothing. Outside systemd (no NOTIFY_SOCKET) nothing is stored.
+// daemon that crashes later restarts with the arena but no index: it
+// adopts nothing and discards that arena for a fresh one, which the
+// crashed daemon's clients (still writing into theirs, perhaps) do not
+// map. Outside systemd (no NOTIFY_SOCKET) nothing is stored.
 
 import (
 	"encoding/binary"
@@ -91,7 +93,20 @@ func (d *Daemon) openArena() (*shm.Region, error) {
 			// stored arena itself holds. Keep the stored size.
 			want = sz
 		}
-		r, err := mapStoredArena(arena, want)
+		var r *shm.Region
+		err := errNoIndex
+		if d.warm.index != nil {
+			r, err = mapStoredArena(arena, want)
+		} else {
+			// The previous kvtierd did not stop cleanly: nothing is
+			// adopted, and its clients may still write into the arena
+			// (a device copy queued into a reservation lands late, and
+			// no quarantine held that reservation). A slot handed out
+			// from it could be overwritten: a fresh arena, same size.
+			arena.Close()
+			capacity = want
+			d.cfg.Host.Capacity = ByteSize(want)
+		}
 		if err == nil {
 			if want != capacity {
 				d.log.Info("host.capacity unset: keeping the size of the host arena kept by systemd",
@@ -116,6 +131,9 @@ func (d *Daemon) openArena() (*shm.Region, error) {
 	}
 	return shm.CreateRegion("kvtier-host-arena", capacity, d.cfg.Host.HugePages)
 }
+
+// errNoIndex: a stored arena came without an index snapshot.
+var errNoIndex = errors.New("no index snapshot came with it (the previous kvtierd did not stop cleanly); its clients may still write into it")
 
 // storedArenaSize returns the size of a stored arena if it is one the
 // configuration could have asked for: whole slabs, at least two.
@@ -154,9 +172,6 @@ func mapStoredArena(f *os.File, capacity int64) (*shm.Region, error) {
 func (d *Daemon) adoptWarm() {
 	f := d.warm.index
 	if f == nil {
-		if d.warm.fromStore {
-			d.log.Info("warm restart: stored arena without an index snapshot; starting empty", "adopted_blocks", 0)
-		}
 		return
 	}
 	d.warm.index = nil

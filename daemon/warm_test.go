@@ -281,7 +281,7 @@ func count(b []bool) int {
 // daemon stores its arena and, at stop, an index snapshot; the next one
 // adopts the blocks (one of them corrupted meanwhile, and dropped), stores
 // the arena again and removes the index; a crash then leaves the arena
-// without an index, and the third start adopts nothing.
+// without an index, and the third start adopts nothing and discards it.
 func TestWarmRestartInProcess(t *testing.T) {
 	store := newFakeFdStore(t)
 	cfg := testConfig(t)
@@ -343,8 +343,9 @@ func TestWarmRestartInProcess(t *testing.T) {
 	store.mu.Unlock()
 	withStoredFiles(t, store.pass())
 	r3 := startDaemon(t, cfg, nil)
-	if !r3.d.warm.fromStore || r3.d.warm.adopted != 0 {
-		t.Fatalf("after a crash: arena from store %v, adopted %d; want the arena and no block", r3.d.warm.fromStore, r3.d.warm.adopted)
+	if r3.d.warm.fromStore || !r3.d.warm.dropArena || r3.d.warm.adopted != 0 {
+		t.Fatalf("after a crash: arena from store %v (dropped %v), adopted %d; want a fresh arena and no block",
+			r3.d.warm.fromStore, r3.d.warm.dropArena, r3.d.warm.adopted)
 	}
 	if got := getWarm(t, cfg.Socket, n, bs); count(got) != 0 {
 		t.Fatalf("%d blocks served without an index", count(got))
