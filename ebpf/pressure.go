@@ -200,6 +200,9 @@ type Controller struct {
 	mu        sync.Mutex
 	st        ControllerState
 	calmCount int
+	// last is when the source last read successfully: a sample covers the
+	// time since, which is the interval only when the tick was on time.
+	last time.Time
 }
 
 // NewController returns a controller of wm driven by src. psiPath, if not
@@ -226,7 +229,7 @@ func (c *Controller) State() ControllerState {
 func (c *Controller) Run(ctx context.Context) {
 	t := time.NewTicker(c.cfg.Interval)
 	defer t.Stop()
-	c.src.Pressure(c.cfg.Interval) // prime the deltas
+	c.sample() // prime the deltas
 	for {
 		select {
 		case <-ctx.Done():
@@ -242,9 +245,30 @@ func (c *Controller) Run(ctx context.Context) {
 	}
 }
 
+// sample reads the source over the time since its last good read (the
+// interval for the first): a tick delivered late, when the daemon was
+// stalled (under memory pressure, typically), covers more stall time than
+// one interval holds, and would read as more pressure than there was.
+func (c *Controller) sample() (float64, error) {
+	now := time.Now()
+	c.mu.Lock()
+	interval := c.cfg.Interval
+	if !c.last.IsZero() {
+		interval = now.Sub(c.last)
+	}
+	c.mu.Unlock()
+	p, err := c.src.Pressure(interval)
+	if err == nil {
+		c.mu.Lock()
+		c.last = now
+		c.mu.Unlock()
+	}
+	return p, err
+}
+
 // Step takes one sample and decides (Run calls it; tests may directly).
 func (c *Controller) Step() {
-	p, err := c.src.Pressure(c.cfg.Interval)
+	p, err := c.sample()
 	avg := -1.0
 	if c.psi != "" {
 		if s, perr := ReadPSI(c.psi); perr == nil {

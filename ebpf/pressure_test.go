@@ -196,3 +196,31 @@ func TestCumulative(t *testing.T) {
 		}
 	}
 }
+
+// TestControllerLateSample: a sample taken late (the ticker fired late: the
+// daemon was stalled, as it is under memory pressure) spans more than one
+// interval of stall time, and must be measured against the time it spans.
+// Measured against the nominal interval, 5% pressure over 200 ms read as
+// 100% and shrank the host tier.
+func TestControllerLateSample(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "memory")
+	write := func(total int) {
+		s := "some avg10=0.00 avg60=0.00 avg300=0.00 total=" + itoa(total) +
+			"\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(1000)
+	ch := newFakeChain(0.9, 0.8)
+	c := NewController(ControllerConfig{Interval: 10 * time.Millisecond}, &PSI{Path: path}, ch, "", nil)
+	c.Step() // the first sample primes the source
+	const late = 200 * time.Millisecond
+	time.Sleep(late)                          // only makes the sample later; the check holds for any delay
+	write(1000 + int(late.Microseconds()/20)) // stalled 5% of the time
+	c.Step()
+	if st := c.State(); st.Pressure > 5 || st.Shrinks != 0 || ch.ratio != 1 {
+		t.Fatalf("a sample 200ms late with 5%% stall time read %.1f%% pressure and shrank %d times (ratio %v); want <= 5%%, no shrink",
+			st.Pressure, st.Shrinks, ch.ratio)
+	}
+}
