@@ -52,6 +52,11 @@ func (p *PSI) Pressure(interval time.Duration) (float64, error) {
 	if !primed || interval <= 0 {
 		return s.SomeAvg10, nil
 	}
+	if s.SomeTotal < last {
+		// Not the counter read last time (another file behind the path):
+		// the delta counts from this sample.
+		return 0, nil
+	}
 	return math.Min(100, 100*float64(time.Duration(s.SomeTotal-last)*time.Microsecond)/float64(interval)), nil
 }
 
@@ -89,6 +94,11 @@ func ReadPSI(path string) (PSISample, error) {
 			}
 		}
 		if seen == 2 {
+			// A share of time, or the file is not what it says (NaN or
+			// Inf would also break the status's JSON).
+			if !(s.SomeAvg10 >= 0 && s.SomeAvg10 <= 100) {
+				return PSISample{}, fmt.Errorf("%s: some avg10=%v is not a percentage", path, s.SomeAvg10)
+			}
 			return s, nil
 		}
 	}

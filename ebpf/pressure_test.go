@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -222,5 +223,49 @@ func TestControllerLateSample(t *testing.T) {
 	if st := c.State(); st.Pressure > 5 || st.Shrinks != 0 || ch.ratio != 1 {
 		t.Fatalf("a sample 200ms late with 5%% stall time read %.1f%% pressure and shrank %d times (ratio %v); want <= 5%%, no shrink",
 			st.Pressure, st.Shrinks, ch.ratio)
+	}
+}
+
+// TestPSIOddContent: a pressure file is outside input (a container's
+// virtualized /proc can serve anything). Values that are not a share of
+// time are an error, and a total that goes backwards (another file behind
+// the path) is no pressure, not a wrapped one. Before, avg10=NaN reached
+// the status, whose JSON then failed to encode (kvtierctl status broke),
+// and a smaller total read as negative pressure.
+func TestPSIOddContent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "memory")
+	write := func(some string) {
+		if err := os.WriteFile(path, []byte(some+"\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []string{
+		"some avg10=NaN avg60=0.00 avg300=0.00 total=5",
+		"some avg10=+Inf avg60=0.00 avg300=0.00 total=5",
+		"some avg10=-Inf avg60=0.00 avg300=0.00 total=5",
+		"some avg10=-1.00 avg60=0.00 avg300=0.00 total=5",
+		"some avg10=100.01 avg60=0.00 avg300=0.00 total=5",
+	} {
+		write(bad)
+		if s, err := ReadPSI(path); err == nil {
+			t.Errorf("ReadPSI(%q) = %+v, want an error", bad, s)
+		}
+		c := NewController(ControllerConfig{}, &PSI{Path: path}, newFakeChain(0.9, 0.8), path, nil)
+		c.Step()
+		if _, err := json.Marshal(c.State()); err != nil {
+			t.Errorf("%q: controller state does not encode: %v", bad, err)
+		}
+	}
+
+	p := &PSI{Path: path}
+	write("some avg10=0.00 avg60=0.00 avg300=0.00 total=5000000")
+	p.Pressure(time.Second)
+	write("some avg10=0.00 avg60=0.00 avg300=0.00 total=1000") // went backwards
+	if v, err := p.Pressure(time.Second); err != nil || v < 0 || v > 100 {
+		t.Fatalf("pressure after the total went backwards: %v, %v; want 0..100", v, err)
+	}
+	write("some avg10=0.00 avg60=0.00 avg300=0.00 total=251000") // counts from the new total
+	if v, err := p.Pressure(time.Second); err != nil || !near(v, 25) {
+		t.Fatalf("pressure %v, %v; want 25", v, err)
 	}
 }
