@@ -356,15 +356,29 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	var err error
+	var backoff time.Duration
 	for {
 		c, aerr := d.ln.AcceptUnix()
 		if aerr != nil {
-			if !d.closing.Load() {
-				err = fmt.Errorf("accept: %w", aerr)
-				d.log.Error("accept failed; shutting down", "err", aerr)
+			if d.closing.Load() {
+				break
 			}
+			if acceptRetryable(aerr) {
+				// Out of fds or memory for now (a burst of peers): the
+				// connection waits in the backlog until some are freed.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				d.log.Warn("accept failed; retrying", "err", aerr, "in", backoff)
+				select {
+				case <-time.After(backoff):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			err = fmt.Errorf("accept: %w", aerr)
+			d.log.Error("accept failed; shutting down", "err", aerr)
 			break
 		}
+		backoff = 0
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
@@ -402,6 +416,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.storeSnapshot() // the host tier's index, for a warm restart (warm.go)
 	d.log.Info("kvtierd stopped")
 	return err
+}
+
+// acceptRetryable reports whether an accept error is a shortage that
+// passes (descriptors, memory) rather than a broken listener.
+func acceptRetryable(err error) bool {
+	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) ||
+		errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM)
 }
 
 // flushTimeout bounds the write-down of the host tier at shutdown (systemd
