@@ -86,3 +86,26 @@ func stoppedEarly(r *running) bool {
 		return false
 	}
 }
+
+// TestAcceptBrokenStopsPromptly: when the listener breaks for good, Run
+// stops with an error. It used to wait, without end, for admin peers (cut
+// only by Run's context, which nobody cancelled) while the watchdog pings
+// went on: systemd saw a healthy daemon that no longer accepted anyone.
+func TestAcceptBrokenStopsPromptly(t *testing.T) {
+	cfg := testConfig(t)
+	r := startDaemon(t, cfg, nil)
+	admin := dialAdmin(t, cfg) // an idle `kvtierctl top`, say
+	defer admin.Close()
+	// An accept error that is no shortage (an LSM denial, a listener
+	// gone bad); closing the listener under Run stands in for one.
+	r.d.ln.Close()
+	select {
+	case err := <-r.done:
+		r.done = nil
+		if err == nil {
+			t.Fatal("Run returned nil after its listener broke")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5s of its listener breaking: it waits for an idle admin peer")
+	}
+}

@@ -327,6 +327,12 @@ func listen(runtimeDir, path string) (*net.UnixListener, error) {
 
 // Run serves until ctx is cancelled, then closes every session and returns.
 func (d *Daemon) Run(ctx context.Context) error {
+	// A failed accept stops the daemon as ctx does: it ends what waits
+	// on ctx (admin peers, pending handshakes, the pressure controller)
+	// and tells systemd STOPPING=1, whose watchdog would otherwise go on
+	// seeing a daemon that accepts no one.
+	ctx, fail := context.WithCancel(ctx)
+	defer fail()
 	// systemd: READY=1 now, STATUS/WATCHDOG while serving and draining,
 	// STOPPING=1 when ctx ends; stopped last (see notify.go).
 	defer d.startNotify(ctx)()
@@ -376,6 +382,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 			err = fmt.Errorf("accept: %w", aerr)
 			d.log.Error("accept failed; shutting down", "err", aerr)
+			fail()
 			break
 		}
 		backoff = 0
