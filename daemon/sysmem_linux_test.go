@@ -48,3 +48,68 @@ func TestReadMemInfo(t *testing.T) {
 		t.Errorf("implausible %+v", m)
 	}
 }
+
+// TestCgroupMemoryV1: on a cgroup v1 or hybrid host (the memory controller
+// on the v1 hierarchy, systemd's MemoryLimit= or a container's limit), the
+// limit used to be ignored: the arena was sized from the whole host's RAM
+// and the daemon got OOM-killed at its limit.
+func TestCgroupMemoryV1(t *testing.T) {
+	const unlimited = "9223372036854771712\n" // v1's "no limit"
+	tests := []struct {
+		name         string
+		self         string
+		files        map[string]string
+		limit, avail uint64
+		ok           bool
+	}{{
+		name: "hybrid, limit on the parent",
+		self: "9:name=systemd:/system.slice/kvtierd.service\n4:memory:/system.slice/kvtierd.service\n0::/system.slice/kvtierd.service\n",
+		files: map[string]string{
+			"memory/system.slice/kvtierd.service/memory.limit_in_bytes": unlimited,
+			"memory/system.slice/kvtierd.service/memory.usage_in_bytes": "100\n",
+			"memory/system.slice/memory.limit_in_bytes":                 "6000\n",
+			"memory/system.slice/memory.usage_in_bytes":                 "1000\n",
+			"memory/memory.limit_in_bytes":                              unlimited,
+			"memory/memory.usage_in_bytes":                              "50000\n",
+		},
+		limit: 6000, avail: 5000, ok: true,
+	}, {
+		name: "v1 container: its own cgroup is the mount's root",
+		self: "4:cpuacct,memory:/docker/abc\n",
+		files: map[string]string{
+			"memory/memory.limit_in_bytes": "4096\n",
+			"memory/memory.usage_in_bytes": "5000\n",
+		},
+		limit: 4096, avail: 0, ok: true,
+	}, {
+		name: "v1, no limit anywhere",
+		self: "4:memory:/user.slice\n",
+		files: map[string]string{
+			"memory/user.slice/memory.limit_in_bytes": unlimited,
+			"memory/memory.limit_in_bytes":            unlimited,
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			root := filepath.Join(dir, "cg")
+			for rel, body := range tc.files {
+				p := filepath.Join(root, rel)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			self := filepath.Join(dir, "self")
+			if err := os.WriteFile(self, []byte(tc.self), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			limit, avail, ok := cgroupMemory(self, root)
+			if ok != tc.ok || (ok && (limit != tc.limit || avail != tc.avail)) {
+				t.Errorf("got %d %d %v, want %d %d %v", limit, avail, ok, tc.limit, tc.avail, tc.ok)
+			}
+		})
+	}
+}
