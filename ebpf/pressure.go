@@ -244,8 +244,8 @@ func (c *Controller) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			c.mu.Lock()
-			if c.st.TargetRatio < 1 {
-				c.wm.SetPressureRatio(1)
+			if c.st.TargetRatio < 1 && c.wm.SetPressureRatio(1) == nil {
+				c.st.TargetRatio = 1 // status and metrics show it while the daemon drains
 			}
 			c.mu.Unlock()
 			return

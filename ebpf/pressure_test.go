@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"os"
@@ -267,5 +268,26 @@ func TestPSIOddContent(t *testing.T) {
 	write("some avg10=0.00 avg60=0.00 avg300=0.00 total=251000") // counts from the new total
 	if v, err := p.Pressure(time.Second); err != nil || !near(v, 25) {
 		t.Fatalf("pressure %v, %v; want 25", v, err)
+	}
+}
+
+// TestControllerStopReportsRestoredRatio: when Run ends (the daemon
+// stops) it sets the chain's pressure ratio back to 1; its state, which
+// status and kvtier_host_target_ratio show while the daemon drains, said
+// the old shrunken target.
+func TestControllerStopReportsRestoredRatio(t *testing.T) {
+	src := &fakeSource{}
+	ch := newFakeChain(0.9, 0.8)
+	c := NewController(ControllerConfig{Step: 0.25}, src, ch, "", nil)
+	src.set(50)
+	c.Step()
+	if ch.ratio != 0.75 {
+		t.Fatalf("pressured sample: chain ratio %v, want 0.75", ch.ratio)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.Run(ctx)
+	if s := c.State(); ch.ratio != 1 || s.TargetRatio != ch.ratio {
+		t.Fatalf("after Run: chain ratio %v, state says %v", ch.ratio, s.TargetRatio)
 	}
 }
