@@ -261,14 +261,28 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 	s.moved.Add(1)
 }
 
-// evictDown evicts LRU blocks until the index is under the current limit.
+// evictDown evicts LRU blocks until the index is under the current limit,
+// in rounds of as many deletions as the filesystem has room for
+// (deletionRoom); with no room left it stops, and a later pass goes on once
+// the segments emptied so far are removed.
 func (s *Store) evictDown() {
 	s.gate.RLock()
 	defer s.gate.RUnlock()
 	for {
 		s.mu.Lock()
 		over := s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
-		vs, _ := s.pickVictimsLocked(over, nil, nil)
+		s.mu.Unlock()
+		if over <= 0 {
+			return
+		}
+		room := s.deletionRoom()
+		if room == 0 {
+			s.log.Warn("nvme: filesystem full; eviction postponed", "dir", s.dir)
+			return
+		}
+		s.mu.Lock()
+		over = s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
+		vs, _ := s.pickVictimsLocked(over, room, nil, nil)
 		s.mu.Unlock()
 		if len(vs) == 0 {
 			return
@@ -299,6 +313,31 @@ func (s *Store) evictDown() {
 		}
 		s.evictions.Add(uint64(len(vs)))
 	}
+}
+
+const (
+	// deletionBytes bounds what one deletion adds to badger's write-ahead
+	// log (the 21-byte key, the entry header, the checksum), rounded up.
+	deletionBytes = 64
+	// walSlack is left free beside the deletions of a round: the pages a
+	// write touches past its own bytes, the next entry's header badger
+	// zeroes.
+	walSlack = 32 << 10
+)
+
+// deletionRoom returns how many deletions badger can log now without
+// running the filesystem out of space (at most maxVictimsPerPut). Badger
+// appends to its write-ahead log through a shared mapping of a sparse
+// file: a write past the filesystem's free space is SIGBUS, which kills
+// the process, not an error. Eviction writes a deletion per block with no
+// Put (and its fsReserve check) before it: at Open under a smaller
+// capacity, or when something else has filled the filesystem.
+func (s *Store) deletionRoom() int {
+	a, ok := fsAvail(s.dir)
+	if !ok {
+		return maxVictimsPerPut
+	}
+	return int(min(max(0, (a-walSlack)/(2*deletionBytes)), maxVictimsPerPut))
 }
 
 // measure records the allocated size of the badger directory plus the

@@ -1,7 +1,9 @@
 package nvme
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,6 +15,8 @@ func helperMain(mode string) int {
 	switch mode {
 	case "crashwriter":
 		return crashWriter(os.Getenv("KVTIER_NVME_DIR"))
+	case "reopensmaller":
+		return reopenSmaller(os.Getenv("KVTIER_NVME_DIR"))
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper", mode)
 	return 2
@@ -53,3 +57,47 @@ func crashWriter(dir string) int {
 }
 
 func crashSize(k Key) int { return 64<<10 + int(k.Hash.Lo%9)*(56<<10) + int(k.Hash.Lo%7) }
+
+// reopenSmaller opens the store in dir with KVTIER_NVME_CAPACITY bytes
+// (MinCapacity if unset: below what it holds, so Open evicts), reads back every key reopenKeys wrote (each
+// must be exact or a miss) and closes it. It prints "ok" at the end.
+func reopenSmaller(dir string) int {
+	capacity := int64(MinCapacity)
+	if v := os.Getenv("KVTIER_NVME_CAPACITY"); v != "" {
+		capacity, _ = strconv.ParseInt(v, 10, 64)
+	}
+	s, err := Open(context.Background(), Options{Dir: dir, CapacityBytes: capacity, Logger: quietLogger(), GCInterval: 50 * time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		return 1
+	}
+	dst := make([]byte, reopenBlock)
+	hits := 0
+	for i := range uint64(reopenKeys) {
+		k := testKey(9, i)
+		n, err := s.Get(k, dst)
+		switch {
+		case err == nil:
+			if n != reopenBlock || !bytes.Equal(dst, payloadFor(k, reopenBlock)) {
+				fmt.Fprintln(os.Stderr, "WRONG BYTES for key", i)
+				return 1
+			}
+			hits++
+		case errors.Is(err, ErrNotFound):
+		default:
+			fmt.Fprintln(os.Stderr, "get:", err)
+			return 1
+		}
+	}
+	st := s.Stats()
+	if err := s.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "close:", err)
+	}
+	fmt.Printf("ok hits=%d blocks=%d evictions=%d\n", hits, st.Blocks, st.Evictions)
+	return 0
+}
+
+const (
+	reopenKeys  = 12000
+	reopenBlock = 4096
+)

@@ -429,6 +429,7 @@ func (s *Store) reindex(ctx context.Context) error {
 	x := newIndex(0)
 	var order []kv
 	var bad [][]byte
+	var badSeg uint32 // the largest segment id a dropped record names
 	segSize := map[uint32]int64{}
 	for _, sg := range s.segs.snapshot() {
 		segSize[sg.id] = sg.size.Load()
@@ -463,6 +464,7 @@ func (s *Store) reindex(ctx context.Context) error {
 			}
 			if !ok {
 				bad = append(bad, item.KeyCopy(nil))
+				badSeg = max(badSeg, rec.seg)
 				continue
 			}
 			x.put(k, rec.n, rec.seg, false)
@@ -483,6 +485,17 @@ func (s *Store) reindex(ctx context.Context) error {
 	}
 	if len(bad) > 0 {
 		s.log.Warn("nvme: dropping malformed, torn or dangling index records", "count", len(bad))
+		if room := s.deletionRoom(); len(bad) > room {
+			// A full filesystem: delete what fits (see deletionRoom). The
+			// rest stay out of the index and are dropped at a later Open;
+			// new segments get ids past any they point into, so that none
+			// of them comes to lie within a segment.
+			s.log.Warn("nvme: filesystem full; keeping some dropped index records until the next open", "count", len(bad)-room)
+			bad = bad[:room]
+			s.segs.mu.Lock()
+			s.segs.next = max(s.segs.next, badSeg+1)
+			s.segs.mu.Unlock()
+		}
 		wb := s.db.NewWriteBatch()
 		for _, k := range bad {
 			_ = wb.Delete(k)
@@ -687,7 +700,7 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 			over -= charged(olds[i].size)
 		}
 	}
-	victims, pinned := s.pickVictimsLocked(over, func(k Key) bool { return slices.Contains(keys, k) }, &held)
+	victims, pinned := s.pickVictimsLocked(over, maxVictimsPerPut, func(k Key) bool { return slices.Contains(keys, k) }, &held)
 	if pinned {
 		// Unevictable blocks fill the budget: refuse, evicting nothing.
 		for j := len(victims) - 1; j >= 0; j-- {
@@ -783,21 +796,22 @@ type victim struct {
 }
 
 // pickVictimsLocked removes LRU entries totalling at least over bytes
-// (charged) from the index and returns them with their stripes locked
+// (charged), at most maxVictims of them, from the index and returns them
+// with their stripes locked
 // (except those in held, which the caller holds; held may be nil). Entries
 // for which exclude reports true (the keys being written) and entries
 // whose stripe is busy (someone is writing or deleting them right now)
 // are skipped. pinned reports that evicting every other evictable entry
 // would still leave the total over by the charge of Unevictable entries
 // (they fill the budget). Requires s.mu.
-func (s *Store) pickVictimsLocked(over int64, exclude func(Key) bool, held *[nStripes]bool) (vs []victim, pinned bool) {
+func (s *Store) pickVictimsLocked(over int64, maxVictims int, exclude func(Key) bool, held *[nStripes]bool) (vs []victim, pinned bool) {
 	if over <= 0 {
 		return nil, false
 	}
 	var locked [nStripes]bool
 	busy, unevictable := false, false
 	i := s.idx.tail
-	for ; i != nilIdx && over > 0 && len(vs) < maxVictimsPerPut; i = s.idx.ents[i].prev {
+	for ; i != nilIdx && over > 0 && len(vs) < maxVictims; i = s.idx.ents[i].prev {
 		e := s.idx.ents[i]
 		if exclude != nil && exclude(e.key) {
 			continue

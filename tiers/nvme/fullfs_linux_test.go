@@ -1,0 +1,131 @@
+package nvme
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// mountSmallTmpfs mounts a tmpfs of size bytes on dir for the rest of the
+// test (skipped when that is not possible).
+func mountSmallTmpfs(t *testing.T, dir string, size int64) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs (to fill the filesystem for real) needs root")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.FormatInt(size, 10)+",mode=0700"); err != nil {
+		t.Skipf("cannot mount a tmpfs on %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+}
+
+// fillFilesystem writes a file at path that leaves about free bytes
+// available on its filesystem.
+func fillFilesystem(t *testing.T, path string, free int64) {
+	t.Helper()
+	a, ok := fsAvail(filepath.Dir(path))
+	if !ok {
+		t.Fatal("statfs failed")
+	}
+	if a <= free {
+		return
+	}
+	if err := os.WriteFile(path, make([]byte, a-free), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ = fsAvail(filepath.Dir(path)); a > 2*free {
+		t.Fatalf("filesystem still has %d bytes free", a)
+	}
+}
+
+// TestReopenOnFullFilesystem: a filled store is reopened while something
+// else has filled its filesystem to the last 64 KiB, in two ways that make
+// Open delete many index records: under a smaller capacity (it evicts down
+// to the new budget), and with its segment files lost (reindex drops the
+// records that point into them). Each deletion is a badger tombstone,
+// which badger appends to its write-ahead log through a shared mapping of
+// a sparse file: past the filesystem's free space that is SIGBUS, not an
+// error. The reopen runs in a child process; it must neither crash nor
+// serve wrong bytes.
+func TestReopenOnFullFilesystem(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		capacity   int64 // of the reopen
+		loseSegs   bool  // remove the segment files before it
+		wantBlocks bool  // some blocks must survive
+	}{
+		{"smaller capacity", MinCapacity, false, true},
+		{"segments lost", 100 << 20, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mnt := filepath.Join(t.TempDir(), "fs")
+			mountSmallTmpfs(t, mnt, 160<<20)
+			dir := filepath.Join(mnt, "nvme")
+			s := openT(t, dir, 100<<20)
+			var ks []Key
+			var bs [][]byte
+			for i := range uint64(reopenKeys) {
+				k := testKey(9, i)
+				ks, bs = append(ks, k), append(bs, payloadFor(k, reopenBlock))
+				if len(ks) == 64 || i == reopenKeys-1 {
+					if err := s.PutBatch(ks, bs); err != nil {
+						t.Fatalf("put batch at %d: %v", i, err)
+					}
+					ks, bs = ks[:0], bs[:0]
+				}
+			}
+			held := s.Stats().Blocks
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.loseSegs {
+				segs, err := filepath.Glob(filepath.Join(dir, segDirName, "*"+segSuffix))
+				if err != nil || len(segs) == 0 {
+					t.Fatalf("segments: %v %v", segs, err)
+				}
+				for _, p := range segs {
+					if err := os.Remove(p); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			fillFilesystem(t, filepath.Join(mnt, "filler"), 64<<10)
+
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), helperEnv+"=reopensmaller", "KVTIER_NVME_DIR="+dir,
+				"KVTIER_NVME_CAPACITY="+strconv.FormatInt(tc.capacity, 10))
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			if err != nil || !strings.HasPrefix(stdout.String(), "ok ") {
+				msg := stderr.String()
+				if i := strings.Index(msg, "\ngoroutine "); i > 0 {
+					msg = msg[:i] // the crash's first lines say what it was
+				}
+				var ee *exec.ExitError
+				if errors.As(err, &ee) {
+					t.Fatalf("reopen of %d blocks on a full filesystem: child exited with %v:\n%s", held, ee, msg)
+				}
+				t.Fatalf("reopen child: %v (stdout %q):\n%s", err, stdout.String(), msg)
+			}
+			if tc.wantBlocks && strings.Contains(stdout.String(), " hits=0 ") {
+				t.Fatalf("nothing survived the reopen: %s", stdout.String())
+			}
+			t.Logf("held %d blocks; reopen: %s", held, strings.TrimSpace(stdout.String()))
+		})
+	}
+}
