@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -72,26 +73,7 @@ func TestReopenOnFullFilesystem(t *testing.T) {
 		{"segments lost", 100 << 20, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mnt := filepath.Join(t.TempDir(), "fs")
-			mountSmallTmpfs(t, mnt, 160<<20)
-			dir := filepath.Join(mnt, "nvme")
-			s := openT(t, dir, 100<<20)
-			var ks []Key
-			var bs [][]byte
-			for i := range uint64(reopenKeys) {
-				k := testKey(9, i)
-				ks, bs = append(ks, k), append(bs, payloadFor(k, reopenBlock))
-				if len(ks) == 64 || i == reopenKeys-1 {
-					if err := s.PutBatch(ks, bs); err != nil {
-						t.Fatalf("put batch at %d: %v", i, err)
-					}
-					ks, bs = ks[:0], bs[:0]
-				}
-			}
-			held := s.Stats().Blocks
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
+			dir, held := fullStore(t)
 			if tc.loseSegs {
 				segs, err := filepath.Glob(filepath.Join(dir, segDirName, "*"+segSuffix))
 				if err != nil || len(segs) == 0 {
@@ -103,29 +85,137 @@ func TestReopenOnFullFilesystem(t *testing.T) {
 					}
 				}
 			}
-			fillFilesystem(t, filepath.Join(mnt, "filler"), 64<<10)
+			fillFilesystem(t, filepath.Join(filepath.Dir(dir), "filler"), 64<<10)
 
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), helperEnv+"=reopensmaller", "KVTIER_NVME_DIR="+dir,
-				"KVTIER_NVME_CAPACITY="+strconv.FormatInt(tc.capacity, 10))
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
-			if err != nil || !strings.HasPrefix(stdout.String(), "ok ") {
-				msg := stderr.String()
-				if i := strings.Index(msg, "\ngoroutine "); i > 0 {
-					msg = msg[:i] // the crash's first lines say what it was
-				}
-				var ee *exec.ExitError
-				if errors.As(err, &ee) {
-					t.Fatalf("reopen of %d blocks on a full filesystem: child exited with %v:\n%s", held, ee, msg)
-				}
-				t.Fatalf("reopen child: %v (stdout %q):\n%s", err, stdout.String(), msg)
+			out := runFullFSChild(t, "reopensmaller", dir, held, "KVTIER_NVME_CAPACITY="+strconv.FormatInt(tc.capacity, 10))
+			if tc.wantBlocks && strings.Contains(out, " hits=0 ") {
+				t.Fatalf("nothing survived the reopen: %s", out)
 			}
-			if tc.wantBlocks && strings.Contains(stdout.String(), " hits=0 ") {
-				t.Fatalf("nothing survived the reopen: %s", stdout.String())
-			}
-			t.Logf("held %d blocks; reopen: %s", held, strings.TrimSpace(stdout.String()))
+			t.Logf("held %d blocks; reopen: %s", held, out)
 		})
 	}
+}
+
+// fullStore fills a store on a 160 MiB tmpfs with reopenKeys blocks of
+// reopenBlock bytes (budget 100 MiB, so some are evicted), closes it and
+// returns its directory and how many blocks it held.
+func fullStore(t *testing.T) (string, int) {
+	t.Helper()
+	mnt := filepath.Join(t.TempDir(), "fs")
+	mountSmallTmpfs(t, mnt, 160<<20)
+	dir := filepath.Join(mnt, "nvme")
+	s := openT(t, dir, 100<<20)
+	var ks []Key
+	var bs [][]byte
+	for i := range uint64(reopenKeys) {
+		k := testKey(9, i)
+		ks, bs = append(ks, k), append(bs, payloadFor(k, reopenBlock))
+		if len(ks) == 64 || i == reopenKeys-1 {
+			if err := s.PutBatch(ks, bs); err != nil {
+				t.Fatalf("put batch at %d: %v", i, err)
+			}
+			ks, bs = ks[:0], bs[:0]
+		}
+	}
+	held := s.Stats().Blocks
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir, held
+}
+
+// runFullFSChild runs helper mode on the store in dir in a child process
+// (a SIGBUS there fails the test instead of killing it) and returns its
+// "ok ..." line.
+func runFullFSChild(t *testing.T, mode, dir string, held int, env ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "KVTIER_NVME_DIR="+dir)
+	cmd.Env = append(cmd.Env, env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil || !strings.HasPrefix(stdout.String(), "ok ") {
+		msg := stderr.String()
+		if i := strings.Index(msg, "\ngoroutine "); i > 0 {
+			msg = msg[:i] // the crash's first lines say what it was
+		}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("%s on a full filesystem (store of %d blocks): child exited with %v:\n%s", mode, held, ee, msg)
+		}
+		t.Fatalf("%s child: %v (stdout %q):\n%s", mode, err, stdout.String(), msg)
+	}
+	return strings.TrimSpace(stdout.String())
+}
+
+// TestIndexWritesOnFullFilesystem: with the store's filesystem filled by
+// something else to the last 64 KiB, operations that write index records
+// without a Put (and its room check) before them run in a child process:
+// every block deleted one by one ("delete") and as a namespace
+// ("deletens"); every block read after all were damaged, so that each Get
+// deletes a record ("getcorrupt"); maintenance passes over a store whose
+// every other block was deleted (with room), so that compaction rewrites
+// the records of the blocks it moves ("compact"). Badger writes its log
+// through a shared mapping of a sparse file: past the free space that is
+// SIGBUS. A Delete the filesystem has no room for must fail (ErrNoSpace)
+// and leave its block intact; every block must read back exact or be a
+// miss, deleted ones a miss, also after a reopen.
+func TestIndexWritesOnFullFilesystem(t *testing.T) {
+	for _, op := range []string{"delete", "deletens", "getcorrupt", "compact"} {
+		t.Run(op, func(t *testing.T) {
+			dir, held := fullStore(t)
+			switch op {
+			case "getcorrupt":
+				corruptSegments(t, dir)
+			case "compact":
+				held = halveStore(t, dir)
+			}
+			fillFilesystem(t, filepath.Join(filepath.Dir(dir), "filler"), 64<<10)
+			out := runFullFSChild(t, "deleteall", dir, held, "KVTIER_NVME_OP="+op)
+			t.Logf("held %d blocks; %s", held, out)
+		})
+	}
+}
+
+// corruptSegments flips a byte in every 4 KiB of every segment of the
+// store in dir.
+func corruptSegments(t *testing.T, dir string) {
+	t.Helper()
+	segs, err := filepath.Glob(filepath.Join(dir, segDirName, "*"+segSuffix))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("segments: %v %v", segs, err)
+	}
+	for _, p := range segs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 100; i < len(b); i += 4096 {
+			b[i] ^= 0x5a
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// halveStore deletes every other block of the store in dir (while its
+// filesystem has room) and returns how many blocks it holds then.
+func halveStore(t *testing.T, dir string) int {
+	t.Helper()
+	s, err := Open(t.Context(), Options{Dir: dir, CapacityBytes: 100 << 20, Logger: quietLogger(), GCInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(0); i < reopenKeys; i += 2 {
+		if err := s.Delete(testKey(9, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := s.Stats().Blocks
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return held
 }

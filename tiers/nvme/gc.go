@@ -218,13 +218,17 @@ func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
 		s.log.Warn("nvme: block failed verification during compaction; deleting it", "ns", k.NS, "err", err)
 	}
 	// Drop it: delete the record (if still this version) and the entry.
-	_ = s.db.Update(func(txn *badger.Txn) error {
-		item, gerr := txn.Get(kb[:])
-		if gerr != nil || item.Version() != ver {
-			return nil
-		}
-		return txn.Delete(kb[:])
-	})
+	// With no room to log the deletion (deletionRoom) the record stays, out
+	// of the index, as dropCorrupt leaves it.
+	if s.deletionRoom() > 0 {
+		_ = s.db.Update(func(txn *badger.Txn) error {
+			item, gerr := txn.Get(kb[:])
+			if gerr != nil || item.Version() != ver {
+				return nil
+			}
+			return txn.Delete(kb[:])
+		})
+	}
 	s.mu.Lock()
 	sz, seg := s.idx.remove(k)
 	s.mu.Unlock()
@@ -236,6 +240,9 @@ func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
 // move appends the verified payload b and points k's record at it.
 // Requires k's stripe lock.
 func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
+	if s.deletionRoom() == 0 {
+		return // no room to log the new record (see deletionRoom)
+	}
 	seg, off, err := s.segs.append(b)
 	if err != nil {
 		s.log.Warn("nvme: compaction append failed", "err", err)
@@ -329,9 +336,11 @@ const (
 // running the filesystem out of space (at most maxVictimsPerPut). Badger
 // appends to its write-ahead log through a shared mapping of a sparse
 // file: a write past the filesystem's free space is SIGBUS, which kills
-// the process, not an error. Eviction writes a deletion per block with no
-// Put (and its fsReserve check) before it: at Open under a smaller
-// capacity, or when something else has filled the filesystem.
+// the process, not an error. Put keeps fsReserve free (waitRoom); what
+// writes index records without a Put before it (eviction, reindex's drops,
+// Delete, DeleteNS, a Get's or compaction's drop of a corrupt block,
+// compaction's relocations) asks this first, for when something else has
+// filled the filesystem.
 func (s *Store) deletionRoom() int {
 	a, ok := fsAvail(s.dir)
 	if !ok {

@@ -17,6 +17,8 @@ func helperMain(mode string) int {
 		return crashWriter(os.Getenv("KVTIER_NVME_DIR"))
 	case "reopensmaller":
 		return reopenSmaller(os.Getenv("KVTIER_NVME_DIR"))
+	case "deleteall":
+		return deleteAll(os.Getenv("KVTIER_NVME_DIR"), os.Getenv("KVTIER_NVME_OP"))
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper", mode)
 	return 2
@@ -101,3 +103,112 @@ const (
 	reopenKeys  = 12000
 	reopenBlock = 4096
 )
+
+// deleteAll opens the store in dir and deletes every block reopenKeys
+// wrote: one by one (op "delete"), as their namespace ("deletens"), or by
+// reading them when they are all damaged ("getcorrupt"); "compact" only
+// runs maintenance passes over a store half of whose blocks are deleted. A
+// block whose Delete failed must read back exact; one whose Delete
+// succeeded must be a miss, also after a reopen. It prints "ok" at the end.
+func deleteAll(dir, op string) int {
+	open := func() (*Store, error) {
+		return Open(context.Background(), Options{Dir: dir, CapacityBytes: 100 << 20, Logger: quietLogger(), GCInterval: 50 * time.Millisecond})
+	}
+	s, err := open()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		return 1
+	}
+	gone := make([]bool, reopenKeys)
+	deleted, failed := 0, 0
+	switch op {
+	case "delete":
+		for i := range uint64(reopenKeys) {
+			if err := s.Delete(testKey(9, i)); err != nil {
+				if !errors.Is(err, ErrNoSpace) {
+					fmt.Fprintln(os.Stderr, "delete:", err)
+					return 1
+				}
+				failed++
+				continue
+			}
+			gone[i] = true
+			deleted++
+		}
+	case "deletens":
+		n, err := s.DeleteNS(9)
+		if err != nil && !errors.Is(err, ErrNoSpace) {
+			fmt.Fprintln(os.Stderr, "delete ns:", err)
+			return 1
+		}
+		deleted = n
+		for i := range uint64(reopenKeys) {
+			gone[i] = !s.Contains(testKey(9, i))
+		}
+		if err != nil {
+			failed = 1
+		}
+	case "getcorrupt":
+		dst := make([]byte, reopenBlock)
+		for i := range uint64(reopenKeys) {
+			if _, err := s.Get(testKey(9, i), dst); err == nil {
+				fmt.Fprintln(os.Stderr, "a damaged block passed verification:", i)
+				return 1
+			}
+			gone[i] = true
+		}
+		deleted = int(s.Stats().ChecksumMisses)
+	case "compact":
+		// Let the maintenance loop run a few passes: each compacts the
+		// segments at least half dead.
+		for range 5 {
+			s.mu.Lock()
+			ch := s.passDone
+			s.mu.Unlock()
+			s.wake()
+			<-ch
+		}
+		for i := range uint64(reopenKeys) {
+			gone[i] = i%2 == 0
+		}
+		deleted = int(s.Stats().Relocated)
+	default:
+		fmt.Fprintln(os.Stderr, "unknown op", op)
+		return 2
+	}
+	check := func(when string) bool {
+		dst := make([]byte, reopenBlock)
+		for i := range uint64(reopenKeys) {
+			k := testKey(9, i)
+			n, err := s.Get(k, dst)
+			switch {
+			case err == nil && gone[i]:
+				fmt.Fprintln(os.Stderr, when+": deleted block back:", i)
+				return false
+			case err == nil && (n != reopenBlock || !bytes.Equal(dst, payloadFor(k, reopenBlock))):
+				fmt.Fprintln(os.Stderr, when+": WRONG BYTES for key", i)
+				return false
+			case err != nil && !errors.Is(err, ErrNotFound):
+				fmt.Fprintln(os.Stderr, when+": get:", err)
+				return false
+			}
+		}
+		return true
+	}
+	if !check("after the deletes") {
+		return 1
+	}
+	if err := s.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "close:", err)
+	}
+	if s, err = open(); err != nil {
+		fmt.Fprintln(os.Stderr, "reopen:", err)
+		return 1
+	}
+	if !check("after a reopen") {
+		return 1
+	}
+	s.Close()
+	fmt.Printf("ok deleted=%d refused=%d\n", deleted, failed)
+	return 0
+}

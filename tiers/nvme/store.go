@@ -1035,7 +1035,12 @@ func (s *Store) dropCorrupt(k Key, kb [keyLen]byte, ver uint64) {
 	if !same {
 		return // rewritten meanwhile
 	}
-	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
+	if s.deletionRoom() == 0 {
+		// No room to log the deletion (see deletionRoom): the record stays
+		// in badger, out of the index; a later Open indexes it again, and
+		// its Get fails again (a miss).
+		s.log.Warn("nvme: filesystem full; corrupt block's record kept until the next open", "ns", k.NS)
+	} else if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
 		s.log.Warn("nvme: delete of corrupt block failed", "err", err)
 	}
 	s.mu.Lock()
@@ -1064,7 +1069,9 @@ func (s *Store) Size(k Key) (int64, bool) {
 	return 0, false
 }
 
-// Delete removes k. Deleting an absent key is not an error.
+// Delete removes k. Deleting an absent key is not an error. When the
+// filesystem has no room left to log the deletion (see deletionRoom) it
+// fails with an error matching ErrNoSpace and k stays.
 func (s *Store) Delete(k Key) error {
 	if err := s.enter(); err != nil {
 		return err
@@ -1081,6 +1088,9 @@ func (s *Store) Delete(k Key) error {
 	if !ok {
 		return nil
 	}
+	if s.deletionRoom() == 0 {
+		return fmt.Errorf("nvme: delete: %w: no room on the filesystem to log it", ErrNoSpace)
+	}
 	var kb [keyLen]byte
 	encodeKey(&kb, k)
 	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
@@ -1096,8 +1106,10 @@ func (s *Store) Delete(k Key) error {
 }
 
 // DeleteNS removes every block of namespace ns and returns how many were in
-// the index. It writes one tombstone per block (a WriteBatch) while writes
-// to the store are paused, then wakes the maintenance loop, which flushes
+// the index. It writes one tombstone per block (a WriteBatch per round of
+// as many as the filesystem has room for; with none left it stops and
+// returns how many it removed and an error matching ErrNoSpace) while
+// writes to the store are paused, then wakes the maintenance loop, which flushes
 // removes the segments that became empty and compacts partly dead ones.
 func (s *Store) DeleteNS(ns uint32) (int, error) {
 	if err := s.enter(); err != nil {
@@ -1115,29 +1127,43 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 		return true
 	})
 	s.mu.Unlock()
-	wb := s.db.NewWriteBatch()
-	for _, k := range keys {
-		var kb [keyLen]byte
-		encodeKey(&kb, k)
-		if err := wb.Delete(kb[:]); err != nil {
-			wb.Cancel()
-			return 0, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+	// In rounds of as many tombstones as the filesystem has room for
+	// (deletionRoom).
+	deleted := 0
+	defer func() {
+		if deleted > 0 {
+			s.wake()
 		}
-	}
-	if err := wb.Flush(); err != nil {
-		return 0, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
-	}
-	s.mu.Lock()
-	for _, k := range keys {
-		if sz, seg := s.idx.remove(k); sz >= 0 {
-			s.segs.release(seg, sz, false)
+	}()
+	for len(keys) > 0 {
+		room := s.deletionRoom()
+		if room == 0 {
+			return deleted, fmt.Errorf("nvme: delete namespace %d: %w: no room on the filesystem to log %d more deletions", ns, ErrNoSpace, len(keys))
 		}
+		round := keys[:min(room, len(keys))]
+		wb := s.db.NewWriteBatch()
+		for _, k := range round {
+			var kb [keyLen]byte
+			encodeKey(&kb, k)
+			if err := wb.Delete(kb[:]); err != nil {
+				wb.Cancel()
+				return deleted, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+			}
+		}
+		if err := wb.Flush(); err != nil {
+			return deleted, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+		}
+		s.mu.Lock()
+		for _, k := range round {
+			if sz, seg := s.idx.remove(k); sz >= 0 {
+				s.segs.release(seg, sz, false)
+			}
+		}
+		s.mu.Unlock()
+		deleted += len(round)
+		keys = keys[len(round):]
 	}
-	s.mu.Unlock()
-	if len(keys) > 0 {
-		s.wake()
-	}
-	return len(keys), nil
+	return deleted, nil
 }
 
 // Keys calls fn for every block in the index, from least to most recently
