@@ -3,6 +3,7 @@ package nvme
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,4 +219,32 @@ func halveStore(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	return held
+}
+
+// TestReopenAfterKillOnFullFilesystem: a store killed before it closed
+// leaves its last index records in badger's write-ahead log, which the
+// next Open replays and writes out as a table through a shared mapping of
+// a new file. With the filesystem filled by something else meanwhile,
+// that write was SIGBUS inside badger's Open, at every restart. Open must
+// refuse (ErrNoSpace: the daemon runs with the host tier only) and leave
+// the directory as it is, and open it whole once there is room.
+func TestReopenAfterKillOnFullFilesystem(t *testing.T) {
+	mnt := filepath.Join(t.TempDir(), "fs")
+	mountSmallTmpfs(t, mnt, 160<<20)
+	dir := filepath.Join(mnt, "nvme")
+	runFullFSChild(t, "putnoclose", dir, 0)
+	filler := filepath.Join(mnt, "filler")
+	fillFilesystem(t, filler, 64<<10)
+	if out := runFullFSChild(t, "openstat", dir, 0); out != "ok refused" {
+		t.Fatalf("open on a full filesystem: %s, want it refused for want of space", out)
+	}
+	if aside, _ := filepath.Glob(dir + ".corrupt-*"); len(aside) > 0 {
+		t.Fatalf("the store was moved aside: %v", aside)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if out, want := runFullFSChild(t, "openstat", dir, 0), fmt.Sprintf("ok blocks=%d", replayKeys); out != want {
+		t.Fatalf("open with room: %s, want %s", out, want)
+	}
 }

@@ -17,6 +17,10 @@ func helperMain(mode string) int {
 		return crashWriter(os.Getenv("KVTIER_NVME_DIR"))
 	case "reopensmaller":
 		return reopenSmaller(os.Getenv("KVTIER_NVME_DIR"))
+	case "putnoclose":
+		return putNoClose(os.Getenv("KVTIER_NVME_DIR"))
+	case "openstat":
+		return openStat(os.Getenv("KVTIER_NVME_DIR"))
 	case "deleteall":
 		return deleteAll(os.Getenv("KVTIER_NVME_DIR"), os.Getenv("KVTIER_NVME_OP"))
 	}
@@ -210,5 +214,59 @@ func deleteAll(dir, op string) int {
 	}
 	s.Close()
 	fmt.Printf("ok deleted=%d refused=%d\n", deleted, failed)
+	return 0
+}
+
+// replayKeys empty blocks are what putNoClose writes: about 10 MiB of
+// badger's write-ahead log, all in one memtable, and no segment bytes.
+const replayKeys = 120000
+
+// putNoClose writes replayKeys empty blocks to the store in dir and exits
+// without closing it (as a kill -9 would): the index records are only in
+// badger's write-ahead log.
+func putNoClose(dir string) int {
+	s, err := Open(context.Background(), Options{Dir: dir, CapacityBytes: 100 << 20, Logger: quietLogger(), GCInterval: time.Hour})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		return 1
+	}
+	var ks []Key
+	var bs [][]byte
+	for i := range uint64(replayKeys) {
+		ks, bs = append(ks, testKey(11, i)), append(bs, nil)
+		if len(ks) == 1000 {
+			if err := s.PutBatch(ks, bs); err != nil {
+				fmt.Fprintln(os.Stderr, "put batch:", err)
+				return 1
+			}
+			ks, bs = ks[:0], bs[:0]
+		}
+	}
+	fmt.Printf("ok wrote=%d\n", replayKeys)
+	return 0
+}
+
+// openStat opens the store in dir and prints "ok blocks=N" (its blocks
+// after the reindex, each of putNoClose's keys checked), or "ok refused"
+// when Open refuses for want of space.
+func openStat(dir string) int {
+	s, err := Open(context.Background(), Options{Dir: dir, CapacityBytes: 100 << 20, Logger: quietLogger(), GCInterval: time.Hour})
+	if errors.Is(err, ErrNoSpace) {
+		fmt.Println("ok refused")
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		return 1
+	}
+	defer s.Close()
+	dst := make([]byte, 1)
+	for i := range uint64(replayKeys) {
+		if n, err := s.Get(testKey(11, i), dst); err != nil || n != 0 {
+			fmt.Fprintln(os.Stderr, "get", i, n, err)
+			return 1
+		}
+	}
+	fmt.Printf("ok blocks=%d\n", s.Stats().Blocks)
 	return 0
 }

@@ -309,6 +309,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.maxBlock = s.segFileSize - 1<<20
 	s.bud.Store(budgetFor(opts.CapacityBytes, s.segFileSize))
 	dropOldFormat(dir, log)
+	if err := replayRoom(dir); err != nil {
+		lk.release()
+		return nil, err
+	}
 
 	db, err := s.openDB(dir)
 	if err != nil && openErrIsCorruption(err) {
@@ -352,6 +356,31 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.wake()
 	}
 	return s, nil
+}
+
+// replayRoom refuses (ErrNoSpace) to open a store whose filesystem has no
+// room for what badger's Open writes: the write-ahead logs (*.mem) a
+// process that did not close the store left behind are replayed and
+// written out as tables, through a shared mapping of a new file, so that
+// past the free space badger's Open dies of SIGBUS (at every restart). A
+// table takes about what its log does. The directory is left as it is for
+// an open once there is room.
+func replayRoom(dir string) error {
+	var need int64
+	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+	for _, p := range mems {
+		if fi, err := os.Stat(p); err == nil {
+			need += allocated(fi)
+		}
+	}
+	if need == 0 {
+		return nil
+	}
+	need += need/8 + walSlack
+	if a, ok := fsAvail(dir); ok && a < need {
+		return fmt.Errorf("nvme: %w: replaying the index log in %s needs about %d bytes, the filesystem has %d free", ErrNoSpace, dir, need, a)
+	}
+	return nil
 }
 
 // openDB opens badger, converting a panic inside badger into an error.
