@@ -80,6 +80,14 @@
 // moments; TestTornValueLogTail cuts and garbles the head
 // segment; TestCorruptValueLog flips bytes in a segment.
 //
+// Badger writes its log and tables through shared mappings of sparse files,
+// where a write past the filesystem's free space is SIGBUS, not an error.
+// Put keeps a reserve free (see "Byte budget"); what writes index records
+// without a Put first (eviction, deletions, drops of corrupt blocks,
+// compaction) checks the free space and stops or refuses (Delete:
+// ErrNoSpace) when there is none, and Open refuses with ErrNoSpace when
+// the filesystem cannot take the write-ahead log a crash left to replay.
+//
 // If badger cannot open the directory (e.g. truncated MANIFEST) for a reason
 // other than permissions, a full or read-only disk, or a held lock, Open
 // renames it to Dir.corrupt-<unix seconds>, logs a warning, keeps only the

@@ -218,13 +218,17 @@ func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
 		s.log.Warn("nvme: block failed verification during compaction; deleting it", "ns", k.NS, "err", err)
 	}
 	// Drop it: delete the record (if still this version) and the entry.
-	_ = s.db.Update(func(txn *badger.Txn) error {
-		item, gerr := txn.Get(kb[:])
-		if gerr != nil || item.Version() != ver {
-			return nil
-		}
-		return txn.Delete(kb[:])
-	})
+	// With no room to log the deletion (deletionRoom) the record stays, out
+	// of the index, as dropCorrupt leaves it.
+	if s.deletionRoom() > 0 {
+		_ = s.db.Update(func(txn *badger.Txn) error {
+			item, gerr := txn.Get(kb[:])
+			if gerr != nil || item.Version() != ver {
+				return nil
+			}
+			return txn.Delete(kb[:])
+		})
+	}
 	s.mu.Lock()
 	sz, seg := s.idx.remove(k)
 	s.mu.Unlock()
@@ -236,6 +240,9 @@ func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
 // move appends the verified payload b and points k's record at it.
 // Requires k's stripe lock.
 func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
+	if s.deletionRoom() == 0 {
+		return // no room to log the new record (see deletionRoom)
+	}
 	seg, off, err := s.segs.append(b)
 	if err != nil {
 		s.log.Warn("nvme: compaction append failed", "err", err)
@@ -261,14 +268,28 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 	s.moved.Add(1)
 }
 
-// evictDown evicts LRU blocks until the index is under the current limit.
+// evictDown evicts LRU blocks until the index is under the current limit,
+// in rounds of as many deletions as the filesystem has room for
+// (deletionRoom); with no room left it stops, and a later pass goes on once
+// the segments emptied so far are removed.
 func (s *Store) evictDown() {
 	s.gate.RLock()
 	defer s.gate.RUnlock()
 	for {
 		s.mu.Lock()
 		over := s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
-		vs, _ := s.pickVictimsLocked(over, nil, nil)
+		s.mu.Unlock()
+		if over <= 0 {
+			return
+		}
+		room := s.deletionRoom()
+		if room == 0 {
+			s.log.Warn("nvme: filesystem full; eviction postponed", "dir", s.dir)
+			return
+		}
+		s.mu.Lock()
+		over = s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
+		vs, _ := s.pickVictimsLocked(over, room, nil, nil)
 		s.mu.Unlock()
 		if len(vs) == 0 {
 			return
@@ -299,6 +320,33 @@ func (s *Store) evictDown() {
 		}
 		s.evictions.Add(uint64(len(vs)))
 	}
+}
+
+const (
+	// deletionBytes bounds what one deletion adds to badger's write-ahead
+	// log (the 21-byte key, the entry header, the checksum), rounded up.
+	deletionBytes = 64
+	// walSlack is left free beside the deletions of a round: the pages a
+	// write touches past its own bytes, the next entry's header badger
+	// zeroes.
+	walSlack = 32 << 10
+)
+
+// deletionRoom returns how many deletions badger can log now without
+// running the filesystem out of space (at most maxVictimsPerPut). Badger
+// appends to its write-ahead log through a shared mapping of a sparse
+// file: a write past the filesystem's free space is SIGBUS, which kills
+// the process, not an error. Put keeps fsReserve free (waitRoom); what
+// writes index records without a Put before it (eviction, reindex's drops,
+// Delete, DeleteNS, a Get's or compaction's drop of a corrupt block,
+// compaction's relocations) asks this first, for when something else has
+// filled the filesystem.
+func (s *Store) deletionRoom() int {
+	a, ok := fsAvail(s.dir)
+	if !ok {
+		return maxVictimsPerPut
+	}
+	return int(min(max(0, (a-walSlack)/(2*deletionBytes)), maxVictimsPerPut))
 }
 
 // measure records the allocated size of the badger directory plus the

@@ -309,6 +309,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.maxBlock = s.segFileSize - 1<<20
 	s.bud.Store(budgetFor(opts.CapacityBytes, s.segFileSize))
 	dropOldFormat(dir, log)
+	if err := replayRoom(dir); err != nil {
+		lk.release()
+		return nil, err
+	}
 
 	db, err := s.openDB(dir)
 	if err != nil && openErrIsCorruption(err) {
@@ -352,6 +356,31 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.wake()
 	}
 	return s, nil
+}
+
+// replayRoom refuses (ErrNoSpace) to open a store whose filesystem has no
+// room for what badger's Open writes: the write-ahead logs (*.mem) a
+// process that did not close the store left behind are replayed and
+// written out as tables, through a shared mapping of a new file, so that
+// past the free space badger's Open dies of SIGBUS (at every restart). A
+// table takes about what its log does. The directory is left as it is for
+// an open once there is room.
+func replayRoom(dir string) error {
+	var need int64
+	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+	for _, p := range mems {
+		if fi, err := os.Stat(p); err == nil {
+			need += allocated(fi)
+		}
+	}
+	if need == 0 {
+		return nil
+	}
+	need += need/8 + walSlack
+	if a, ok := fsAvail(dir); ok && a < need {
+		return fmt.Errorf("nvme: %w: replaying the index log in %s needs about %d bytes, the filesystem has %d free", ErrNoSpace, dir, need, a)
+	}
+	return nil
 }
 
 // openDB opens badger, converting a panic inside badger into an error.
@@ -429,6 +458,7 @@ func (s *Store) reindex(ctx context.Context) error {
 	x := newIndex(0)
 	var order []kv
 	var bad [][]byte
+	var badSeg uint32 // the largest segment id a dropped record names
 	segSize := map[uint32]int64{}
 	for _, sg := range s.segs.snapshot() {
 		segSize[sg.id] = sg.size.Load()
@@ -463,6 +493,7 @@ func (s *Store) reindex(ctx context.Context) error {
 			}
 			if !ok {
 				bad = append(bad, item.KeyCopy(nil))
+				badSeg = max(badSeg, rec.seg)
 				continue
 			}
 			x.put(k, rec.n, rec.seg, false)
@@ -483,6 +514,17 @@ func (s *Store) reindex(ctx context.Context) error {
 	}
 	if len(bad) > 0 {
 		s.log.Warn("nvme: dropping malformed, torn or dangling index records", "count", len(bad))
+		if room := s.deletionRoom(); len(bad) > room {
+			// A full filesystem: delete what fits (see deletionRoom). The
+			// rest stay out of the index and are dropped at a later Open;
+			// new segments get ids past any they point into, so that none
+			// of them comes to lie within a segment.
+			s.log.Warn("nvme: filesystem full; keeping some dropped index records until the next open", "count", len(bad)-room)
+			bad = bad[:room]
+			s.segs.mu.Lock()
+			s.segs.next = max(s.segs.next, badSeg+1)
+			s.segs.mu.Unlock()
+		}
 		wb := s.db.NewWriteBatch()
 		for _, k := range bad {
 			_ = wb.Delete(k)
@@ -687,7 +729,7 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 			over -= charged(olds[i].size)
 		}
 	}
-	victims, pinned := s.pickVictimsLocked(over, func(k Key) bool { return slices.Contains(keys, k) }, &held)
+	victims, pinned := s.pickVictimsLocked(over, maxVictimsPerPut, func(k Key) bool { return slices.Contains(keys, k) }, &held)
 	if pinned {
 		// Unevictable blocks fill the budget: refuse, evicting nothing.
 		for j := len(victims) - 1; j >= 0; j-- {
@@ -783,21 +825,22 @@ type victim struct {
 }
 
 // pickVictimsLocked removes LRU entries totalling at least over bytes
-// (charged) from the index and returns them with their stripes locked
+// (charged), at most maxVictims of them, from the index and returns them
+// with their stripes locked
 // (except those in held, which the caller holds; held may be nil). Entries
 // for which exclude reports true (the keys being written) and entries
 // whose stripe is busy (someone is writing or deleting them right now)
 // are skipped. pinned reports that evicting every other evictable entry
 // would still leave the total over by the charge of Unevictable entries
 // (they fill the budget). Requires s.mu.
-func (s *Store) pickVictimsLocked(over int64, exclude func(Key) bool, held *[nStripes]bool) (vs []victim, pinned bool) {
+func (s *Store) pickVictimsLocked(over int64, maxVictims int, exclude func(Key) bool, held *[nStripes]bool) (vs []victim, pinned bool) {
 	if over <= 0 {
 		return nil, false
 	}
 	var locked [nStripes]bool
 	busy, unevictable := false, false
 	i := s.idx.tail
-	for ; i != nilIdx && over > 0 && len(vs) < maxVictimsPerPut; i = s.idx.ents[i].prev {
+	for ; i != nilIdx && over > 0 && len(vs) < maxVictims; i = s.idx.ents[i].prev {
 		e := s.idx.ents[i]
 		if exclude != nil && exclude(e.key) {
 			continue
@@ -1021,7 +1064,12 @@ func (s *Store) dropCorrupt(k Key, kb [keyLen]byte, ver uint64) {
 	if !same {
 		return // rewritten meanwhile
 	}
-	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
+	if s.deletionRoom() == 0 {
+		// No room to log the deletion (see deletionRoom): the record stays
+		// in badger, out of the index; a later Open indexes it again, and
+		// its Get fails again (a miss).
+		s.log.Warn("nvme: filesystem full; corrupt block's record kept until the next open", "ns", k.NS)
+	} else if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
 		s.log.Warn("nvme: delete of corrupt block failed", "err", err)
 	}
 	s.mu.Lock()
@@ -1050,7 +1098,9 @@ func (s *Store) Size(k Key) (int64, bool) {
 	return 0, false
 }
 
-// Delete removes k. Deleting an absent key is not an error.
+// Delete removes k. Deleting an absent key is not an error. When the
+// filesystem has no room left to log the deletion (see deletionRoom) it
+// fails with an error matching ErrNoSpace and k stays.
 func (s *Store) Delete(k Key) error {
 	if err := s.enter(); err != nil {
 		return err
@@ -1067,6 +1117,9 @@ func (s *Store) Delete(k Key) error {
 	if !ok {
 		return nil
 	}
+	if s.deletionRoom() == 0 {
+		return fmt.Errorf("nvme: delete: %w: no room on the filesystem to log it", ErrNoSpace)
+	}
 	var kb [keyLen]byte
 	encodeKey(&kb, k)
 	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
@@ -1082,8 +1135,10 @@ func (s *Store) Delete(k Key) error {
 }
 
 // DeleteNS removes every block of namespace ns and returns how many were in
-// the index. It writes one tombstone per block (a WriteBatch) while writes
-// to the store are paused, then wakes the maintenance loop, which flushes
+// the index. It writes one tombstone per block (a WriteBatch per round of
+// as many as the filesystem has room for; with none left it stops and
+// returns how many it removed and an error matching ErrNoSpace) while
+// writes to the store are paused, then wakes the maintenance loop, which flushes
 // removes the segments that became empty and compacts partly dead ones.
 func (s *Store) DeleteNS(ns uint32) (int, error) {
 	if err := s.enter(); err != nil {
@@ -1101,29 +1156,43 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 		return true
 	})
 	s.mu.Unlock()
-	wb := s.db.NewWriteBatch()
-	for _, k := range keys {
-		var kb [keyLen]byte
-		encodeKey(&kb, k)
-		if err := wb.Delete(kb[:]); err != nil {
-			wb.Cancel()
-			return 0, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+	// In rounds of as many tombstones as the filesystem has room for
+	// (deletionRoom).
+	deleted := 0
+	defer func() {
+		if deleted > 0 {
+			s.wake()
 		}
-	}
-	if err := wb.Flush(); err != nil {
-		return 0, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
-	}
-	s.mu.Lock()
-	for _, k := range keys {
-		if sz, seg := s.idx.remove(k); sz >= 0 {
-			s.segs.release(seg, sz, false)
+	}()
+	for len(keys) > 0 {
+		room := s.deletionRoom()
+		if room == 0 {
+			return deleted, fmt.Errorf("nvme: delete namespace %d: %w: no room on the filesystem to log %d more deletions", ns, ErrNoSpace, len(keys))
 		}
+		round := keys[:min(room, len(keys))]
+		wb := s.db.NewWriteBatch()
+		for _, k := range round {
+			var kb [keyLen]byte
+			encodeKey(&kb, k)
+			if err := wb.Delete(kb[:]); err != nil {
+				wb.Cancel()
+				return deleted, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+			}
+		}
+		if err := wb.Flush(); err != nil {
+			return deleted, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+		}
+		s.mu.Lock()
+		for _, k := range round {
+			if sz, seg := s.idx.remove(k); sz >= 0 {
+				s.segs.release(seg, sz, false)
+			}
+		}
+		s.mu.Unlock()
+		deleted += len(round)
+		keys = keys[len(round):]
 	}
-	s.mu.Unlock()
-	if len(keys) > 0 {
-		s.wake()
-	}
-	return len(keys), nil
+	return deleted, nil
 }
 
 // Keys calls fn for every block in the index, from least to most recently
