@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"bytes"
+	"context"
 	"log/slog"
 	"runtime"
 	"testing"
@@ -88,5 +90,45 @@ func TestStuckClientsDoNotBurnCPU(t *testing.T) {
 			}
 			p.ring.ClientWait(0, time.Millisecond, nil)
 		}
+	}
+}
+
+// TestPromotionsOwningTheRingComplete: a batch of gets of blocks that are
+// only in NVMe, larger than the ring, leaves the loop with every free
+// completion slot owed to a promotion under way: it can take nothing until
+// they finish, and each one that finishes must wake it (the sleep bound is
+// an hour, so a missed wake-up hangs the batch).
+func TestPromotionsOwningTheRingComplete(t *testing.T) {
+	cfg := testConfig(t) // 8 MiB host tier
+	cfg.Session.RingEntries = 64
+	cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 256*MiB
+	r := startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) { d.sleepBound = time.Hour })
+	c := dialDaemon(t, cfg)
+	s, err := c.Open(context.Background(), testNamespace(64*KiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const blocks = 384 // 24 MiB: the first ones go down to NVMe
+	hs := putPastHost(t, r, s, blocks)
+	const n = 96 // more than the ring, fewer than the host tier holds
+	dsts := make([][]byte, n)
+	for i := range dsts {
+		dsts[i] = make([]byte, s.BlockBytes())
+	}
+	before := r.d.chain.Stats().Promoted
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	found, err := s.GetBatch(ctx, hs[:n], dsts)
+	if err != nil {
+		t.Fatalf("get batch (%d promotions so far): %v", r.d.chain.Stats().Promoted-before, err)
+	}
+	for i := range found {
+		if found[i] && !bytes.Equal(dsts[i], block(hs[i], len(dsts[i]))) {
+			t.Fatalf("block %d: wrong bytes", i)
+		}
+	}
+	if p := r.d.chain.Stats().Promoted - before; p < uint64(cfg.Session.RingEntries) {
+		t.Fatalf("%d promotions: the ring never filled with them", p)
 	}
 }
