@@ -380,9 +380,17 @@ func (s *session) loop() error {
 		// Keep room for the completions the movers still owe.
 		free := space - s.outstanding
 		if free <= 0 {
-			// The client is not draining completions; back off without
-			// spinning on its behalf.
-			time.Sleep(50 * time.Microsecond)
+			// The client is not draining completions (or the room left
+			// is owed to promotions under way): wait for it to consume
+			// some, a promotion to finish or a stop, without polling on
+			// its behalf (a stopped or hung client used to keep the loop
+			// waking every 50 µs for as long as it stayed so). A finished
+			// promotion ends the wait only if its completion fits.
+			more := s.stopped
+			if space > 0 {
+				more = s.woken
+			}
+			s.ring.DaemonWaitRoom(s.d.sleepBound, more)
 			continue
 		}
 		n, err := s.ring.DaemonPop(sqes[:min(free, batch)])

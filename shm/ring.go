@@ -15,7 +15,8 @@ import (
 //	0    header (magic, version, geometry) — written by the daemon at creation
 //	64   sq tail   (client writes)
 //	128  sq head   (daemon writes)
-//	192  sq sleep flag, sq futex seq (daemon sleeps, client rings)
+//	192  sq sleep flag, sq futex seq (daemon sleeps, client rings),
+//	     cq room flag (daemon waits for room on the sq futex, client's pop rings)
 //	256  cq tail   (daemon writes)
 //	320  cq head   (client writes)
 //	384  cq sleep flag, cq futex seq (client sleeps, daemon rings)
@@ -28,6 +29,7 @@ const (
 	offSQHead  = 128
 	offSQSleep = 192
 	offSQSeq   = 196
+	offCQRoom  = 200
 	offCQTail  = 256
 	offCQHead  = 320
 	offCQSleep = 384
@@ -79,10 +81,14 @@ type Ring struct {
 
 	sqTail, sqHead, sqSleep, sqSeq *atomic.Uint32
 	cqTail, cqHead, cqSleep, cqSeq *atomic.Uint32
+	// cqRoom: the daemon waits for the client to consume completions.
+	cqRoom *atomic.Uint32
 
 	// Private copies of the indices this side owns.
 	localSQ uint32 // daemon: sq head; client: sq tail
 	localCQ uint32 // daemon: cq tail; client: cq head
+	// cqSeen (daemon): the completion head DaemonCQSpace last read.
+	cqSeen uint32
 }
 
 // NewRing builds a view over mem (the ring region's mapping). init writes
@@ -99,6 +105,7 @@ func NewRing(mem []byte, l RingLayout, init bool) (*Ring, error) {
 		mem: mem, layout: l, mask: l.Entries - 1,
 		sqTail: u32(offSQTail), sqHead: u32(offSQHead), sqSleep: u32(offSQSleep), sqSeq: u32(offSQSeq),
 		cqTail: u32(offCQTail), cqHead: u32(offCQHead), cqSleep: u32(offCQSleep), cqSeq: u32(offCQSeq),
+		cqRoom: u32(offCQRoom),
 	}
 	if init {
 		clear(mem[:ringHdrLen])
@@ -181,6 +188,11 @@ func (r *Ring) ClientPop(dst []CQE) int {
 	}
 	r.localCQ += uint32(n)
 	r.cqHead.Store(r.localCQ)
+	if n > 0 && r.cqRoom.Load() != 0 {
+		// The daemon waits for room in the completion ring (DaemonWaitRoom).
+		r.sqSeq.Add(1)
+		futexWakeAll(r.sqSeq)
+	}
 	return n
 }
 
@@ -230,6 +242,7 @@ func (r *Ring) DaemonPop(dst []SQE) (int, error) {
 // completion slots.
 func (r *Ring) DaemonCQSpace() (int, error) {
 	head := r.cqHead.Load()
+	r.cqSeen = head
 	used := r.localCQ - head
 	if used > r.layout.Entries {
 		return 0, fmt.Errorf("%w: completion head %d is %d entries behind tail %d (ring holds %d)", ErrRingCorrupt, head, used, r.localCQ, r.layout.Entries)
@@ -306,6 +319,18 @@ func (r *Ring) daemonReady(more func() bool) func() bool {
 		return r.DaemonPending
 	}
 	return func() bool { return r.DaemonPending() || more() }
+}
+
+// DaemonWaitRoom blocks until the client consumes completions (moves the
+// completion head from where the last DaemonCQSpace saw it), more (if not
+// nil) reports true, or d passes: for a loop that can take nothing while
+// the completion ring is full. It
+// announces the wait in a flag of its own, on which ClientPop rings the
+// doorbell; the client's pushes, which the loop cannot take, do not ring
+// it. DaemonInterrupt ends it too.
+func (r *Ring) DaemonWaitRoom(d time.Duration, more func() bool) {
+	ready := func() bool { return r.cqHead.Load() != r.cqSeen || (more != nil && more()) }
+	waitOn(ready, r.cqRoom, r.sqSeq, 0, nil, d)
 }
 
 // DaemonInterrupt wakes a DaemonWait (used to stop a session and to hand

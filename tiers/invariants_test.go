@@ -91,7 +91,7 @@ func checkHost(h *Host) error {
 					return fmt.Errorf("handle %v location mismatch", hd.Key)
 				}
 				if hd.Offset != s.base+int64(j)*c.stride || hd.Offset%h.align != 0 ||
-					hd.Offset+hd.Size > s.base+h.slabBytes || hd.Offset+hd.Size > int64(len(h.arena)) {
+					hd.Offset+hd.Size > s.base+h.slabBytes || hd.Offset+hd.Size > h.size {
 					return fmt.Errorf("handle %v bad offset %d", hd.Key, hd.Offset)
 				}
 				ivs = append(ivs, iv{hd.Offset, hd.Offset + hd.Size})
