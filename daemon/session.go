@@ -386,6 +386,7 @@ func (s *session) loop() error {
 			// its behalf (a stopped or hung client used to keep the loop
 			// waking every 50 µs for as long as it stayed so). A finished
 			// promotion ends the wait only if its completion fits.
+			s.d.roomWaits.Add(1)
 			more := s.stopped
 			if space > 0 {
 				more = s.woken
