@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/daemon"
 	"github.com/kvtier/kvtier/tiers/trace"
 )
@@ -211,5 +212,77 @@ func TestSimulateHugeCapacity(t *testing.T) {
 	if err != nil {
 		lines := strings.SplitN(string(out), "\n", 6)
 		t.Fatalf("replay --simulate --capacity-blocks 2^62: child died (%v):\n%s", err, strings.Join(lines[:min(len(lines), 5)], "\n"))
+	}
+}
+
+// A replay interrupted while a request is in flight reports the requests
+// completed so far ("figures cover the requests completed so far"), but the
+// in-flight request's blocks and prompt tokens were counted when it
+// started: block_refs and prompt_tokens (the prefix hit ratio's
+// denominator) include a request that is not in `requests`.
+func TestReplayInterruptedMidRequest(t *testing.T) {
+	sock, _ := restartableDaemon(t, t.TempDir(), 256)
+	// Request 1 puts 40,000 blocks of 4 KiB in 625 batches: the interrupt
+	// lands while it is in flight.
+	const n = 40000
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = int64(i + 1)
+	}
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 512, HashIDs: []int64{0}},
+		{Timestamp: 0, InputLength: n * trace.BlockTokens, HashIDs: ids},
+	}
+	path := writeTrace(t, reqs)
+	c, err := client.Dial(context.Background(), client.Options{Socket: sock, Name: "kvtierctl-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, _, err := runCtx(ctx, "replay", "--json", "--socket", sock, "--block-size", "4KiB", "--fresh", path)
+		done <- result{out, err}
+	}()
+	// The "Ctrl-C": once request 1 has stored a few thousand blocks.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := hostTier(st); h != nil && h.Blocks > 2000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("request 1 stored no blocks within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	r := <-done
+	if r.err == nil {
+		t.Skip("request 1 completed before the interrupt")
+	}
+	var res replayResult
+	if err := json.Unmarshal([]byte(r.out), &res); err != nil {
+		t.Fatalf("replay --json: %v (%v)\n%s", err, r.err, r.out)
+	}
+	if !res.Interrupted || res.Requests != 1 {
+		t.Fatalf("interrupted %v, %d requests; want true, 1", res.Interrupted, res.Requests)
+	}
+	if res.BlockRefs != 1 || res.PromptTokens != 512 || res.DistinctBlocks != 1 {
+		t.Errorf("1 completed request (1 block, 512 tokens): block_refs %d, prompt_tokens %d, distinct_blocks %d; want 1, 512, 1",
+			res.BlockRefs, res.PromptTokens, res.DistinctBlocks)
+	}
+	if res.PutBlocks != 1 || res.Latency["lookup"].Count != 1 {
+		t.Errorf("1 completed request: put_blocks %d, %d lookups; want 1, 1", res.PutBlocks, res.Latency["lookup"].Count)
 	}
 }

@@ -465,9 +465,15 @@ type replayWorker struct {
 	want []byte
 	hs   []client.Hash
 
-	samples  [rKinds][]int64
+	samples [rKinds][]int64
+	done    int // leading requests of reqs completed
+	replayCounts
+}
+
+// replayCounts are a worker's counters. They cover its completed requests
+// only: a request that fails or is interrupted midway is rolled back.
+type replayCounts struct {
 	tierHits [256]uint64
-	done     int // leading requests of reqs completed
 	refs     uint64
 	tokens   uint64
 	served   uint64
@@ -597,9 +603,18 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 			return err
 		}
 		rctx, cancel := g.ctx(ctx)
+		counts, nsamples := w.replayCounts, [rKinds]int{}
+		for k := range nsamples {
+			nsamples[k] = len(w.samples[k])
+		}
 		err := w.request(rctx, seed, r)
 		cancel()
 		if err != nil {
+			// The figures cover completed requests: drop this one's.
+			w.replayCounts = counts
+			for k, n := range nsamples {
+				w.samples[k] = w.samples[k][:n]
+			}
 			return fmt.Errorf("request %d (line %d): %w", ri, r.Line, err)
 		}
 		w.done++
