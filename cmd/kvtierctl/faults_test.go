@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -284,5 +285,30 @@ func TestReplayInterruptedMidRequest(t *testing.T) {
 	}
 	if res.PutBlocks != 1 || res.Latency["lookup"].Count != 1 {
 		t.Errorf("1 completed request: put_blocks %d, %d lookups; want 1, 1", res.PutBlocks, res.Latency["lookup"].Count)
+	}
+}
+
+// kvtierctl catches SIGINT and SIGTERM (main's signal.NotifyContext) so that
+// a bench or a live replay stops cleanly; replay --simulate never looked at
+// that context, so Ctrl-C (and kill) did nothing until every simulation had
+// run, minutes on a large trace.
+func TestReplaySimulateInterrupt(t *testing.T) {
+	path := writeTrace(t, trace.Mixed(7, 4000))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := runCtx(ctx, "replay", "--simulate", "--policy", "all", "--capacity-blocks", "500,2000,8000", path)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the simulations are under way
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("replay --simulate interrupted: %v; want context.Canceled", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("replay --simulate still running 3s after the interrupt")
 	}
 }

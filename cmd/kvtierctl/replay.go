@@ -152,7 +152,11 @@ func runReplay(cmd *cobra.Command, g *globals, o replayOpts, path string) error 
 		return fmt.Errorf("replay: %s holds no requests", path)
 	}
 	if o.simulate {
-		res, err := simulateTrace(reqs, o.capacities, o.policies)
+		ctx := cmd.Context()
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		res, err := simulateTrace(ctx, reqs, o.capacities, o.policies)
 		if err != nil {
 			return err
 		}
@@ -230,7 +234,8 @@ func simPolicies(names []string) ([]string, error) {
 
 // simulateTrace runs every policy and Belady at every capacity, in parallel
 // (each simulation owns its policy; the compiled workload is only read).
-func simulateTrace(reqs []trace.Request, capacities []int, names []string) (*simResult, error) {
+// It stops early with ctx's error when ctx is done (Ctrl-C).
+func simulateTrace(ctx context.Context, reqs []trace.Request, capacities []int, names []string) (*simResult, error) {
 	if len(capacities) == 0 {
 		return nil, errors.New("replay: --capacity-blocks is empty")
 	}
@@ -286,7 +291,16 @@ func simulateTrace(reqs []trace.Request, capacities []int, names []string) (*sim
 						continue
 					}
 				}
-				out[j.ci][j.pi] = w.Simulate(c, p)
+				r, err := w.SimulateContext(ctx, c, p)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					continue
+				}
+				out[j.ci][j.pi] = r
 			}
 		}()
 	}
