@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -141,21 +142,18 @@ func runReplay(cmd *cobra.Command, g *globals, o replayOpts, path string) error 
 	case o.speed < 0:
 		return errors.New("replay: --speed must be ≥ 0")
 	}
-	reqs, err := trace.ReadFile(path)
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	reqs, err := readTrace(ctx, path, o.limit)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
-	}
-	if o.limit > 0 && len(reqs) > o.limit {
-		reqs = reqs[:o.limit]
 	}
 	if len(reqs) == 0 {
 		return fmt.Errorf("replay: %s holds no requests", path)
 	}
 	if o.simulate {
-		ctx := cmd.Context()
-		if ctx == nil {
-			ctx = context.Background()
-		}
 		res, err := simulateTrace(ctx, reqs, o.capacities, o.policies)
 		if err != nil {
 			return err
@@ -168,6 +166,35 @@ func runReplay(cmd *cobra.Command, g *globals, o replayOpts, path string) error 
 		return nil
 	}
 	return runLiveReplay(cmd, g, o, path, reqs)
+}
+
+// readTrace reads the first limit requests of the trace at path (all of
+// them if limit is 0): the lines after them are neither read nor validated.
+// It gives up when ctx is done.
+func readTrace(ctx context.Context, path string, limit int) ([]trace.Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tr := trace.NewReader(f)
+	var reqs []trace.Request
+	for limit == 0 || len(reqs) < limit {
+		if len(reqs)%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		req, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		reqs = append(reqs, req)
+	}
+	return reqs, nil
 }
 
 // ---- simulate ------------------------------------------------------------
