@@ -312,3 +312,36 @@ func TestReplaySimulateInterrupt(t *testing.T) {
 		t.Fatal("replay --simulate still running 3s after the interrupt")
 	}
 }
+
+// --speed must be a finite number ≥ 0. NaN and ±Inf passed the "< 0"
+// check: the replay ran (NaN as fast as possible) and --json then failed on
+// the unencodable speed, after the blocks were stored. A tiny positive
+// speed (slow motion) made the delay overflow time.Duration: it wrapped
+// negative and the requests ran at once, as fast as possible.
+func TestReplaySpeedEdges(t *testing.T) {
+	sock, _ := restartableDaemon(t, t.TempDir(), 64)
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 512, HashIDs: []int64{1}},
+		{Timestamp: 1000, InputLength: 512, HashIDs: []int64{2}},
+	}
+	path := writeTrace(t, reqs)
+	for _, speed := range []string{"NaN", "Inf", "-Inf"} {
+		_, _, err := runCtx(context.Background(), "replay", "--json", "--socket", sock, "--block-size", "16KiB", "--fresh", "--speed", speed, path)
+		if err == nil || !strings.Contains(err.Error(), "--speed") {
+			t.Errorf("--speed %s: %v; want an error about --speed", speed, err)
+		}
+	}
+
+	// 1000 ms at speed 1e-12 is 1e21 ns (about 31,700 years): request 2
+	// waits until the interrupt.
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	out, _, err := runCtx(ctx, "replay", "--json", "--socket", sock, "--block-size", "16KiB", "--fresh", "--speed", "1e-12", path)
+	var res replayResult
+	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil {
+		t.Fatalf("replay --json: %v (%v)\n%s", jerr, err, out)
+	}
+	if err == nil || !res.Interrupted || res.Requests != 1 {
+		t.Errorf("--speed 1e-12: %v, interrupted %v, %d requests; want the interrupt after request 1", err, res.Interrupted, res.Requests)
+	}
+}

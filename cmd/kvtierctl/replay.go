@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -139,8 +140,8 @@ func runReplay(cmd *cobra.Command, g *globals, o replayOpts, path string) error 
 		return errors.New("replay: --limit must be ≥ 0")
 	case o.sessions < 1:
 		return errors.New("replay: --sessions must be ≥ 1")
-	case o.speed < 0:
-		return errors.New("replay: --speed must be ≥ 0")
+	case !(o.speed >= 0) || math.IsInf(o.speed, 1):
+		return errors.New("replay: --speed must be a finite number ≥ 0")
 	}
 	ctx := cmd.Context()
 	if ctx == nil {
@@ -629,8 +630,13 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 	for _, ri := range w.reqs {
 		r := &reqs[ri]
 		if o.speed > 0 {
-			due := t0.Add(time.Duration(float64(r.Timestamp-ts0) * float64(time.Millisecond) / o.speed))
-			if d := time.Until(due); d > 0 {
+			// A delay beyond time.Duration's range (slow motion of a long
+			// trace) saturates rather than wrapping negative.
+			delay := time.Duration(math.MaxInt64)
+			if f := float64(r.Timestamp-ts0) * float64(time.Millisecond) / o.speed; f < float64(math.MaxInt64) {
+				delay = time.Duration(f)
+			}
+			if d := time.Until(t0.Add(delay)); d > 0 {
 				t := time.NewTimer(d)
 				select {
 				case <-ctx.Done():
