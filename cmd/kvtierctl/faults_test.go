@@ -345,3 +345,33 @@ func TestReplaySpeedEdges(t *testing.T) {
 		t.Errorf("--speed 1e-12: %v, interrupted %v, %d requests; want the interrupt after request 1", err, res.Interrupted, res.Requests)
 	}
 }
+
+// The prefix hit ratio is tokens served / prompt tokens, summed in uint64.
+// A trace line may claim any int input_length: four lines of 2^62 tokens
+// wrapped the sum to 0, and the replay printed a prefix hit ratio of 200%
+// (2048 tokens served of 1024). Such lengths are refused as bad input.
+func TestReplayHugeInputLength(t *testing.T) {
+	sock, _ := restartableDaemon(t, t.TempDir(), 64)
+	const huge = 1 << 62
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: huge, HashIDs: []int64{1}},
+		{Timestamp: 1, InputLength: huge, HashIDs: []int64{1}},
+		{Timestamp: 2, InputLength: huge, HashIDs: []int64{1}},
+		{Timestamp: 3, InputLength: huge, HashIDs: []int64{1}},
+		{Timestamp: 4, InputLength: 1024, HashIDs: []int64{1, 2}},
+	}
+	path := writeTrace(t, reqs)
+	out, _, err := runCtx(context.Background(), "replay", "--json", "--socket", sock, "--block-size", "16KiB", "--fresh", path)
+	if err != nil {
+		if !strings.Contains(err.Error(), "line 1") || !strings.Contains(err.Error(), "input_length") {
+			t.Errorf("replay refused the trace with %v; want an input_length error at line 1", err)
+		}
+		return
+	}
+	var res replayResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("replay --json: %v\n%s", err, out)
+	}
+	t.Errorf("replay accepted input_length 2^62: prefix hit ratio %.2f (%d of %d prompt tokens)",
+		res.PrefixHitRatio, res.TokensServed, res.PromptTokens)
+}
