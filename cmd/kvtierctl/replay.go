@@ -547,6 +547,7 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	if err != nil {
 		return err
 	}
+	beforeAt := time.Now()
 	block := uint64(o.blockSize)
 	ns := replayNamespace(block)
 	ws := make([]*replayWorker, o.sessions)
@@ -612,7 +613,7 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	if err != nil {
 		return err
 	}
-	res.summarize(ws, before, after)
+	res.summarize(ws, before, after, time.Since(beforeAt))
 	if g.json {
 		err = writeJSON(stdout(cmd), res)
 	} else {
@@ -758,7 +759,9 @@ func (w *replayWorker) request(ctx context.Context, seed uint64, r *trace.Reques
 	return nil
 }
 
-func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Stats) {
+// summarize totals the workers' counters; before and after are the daemon's
+// status at the start and, elapsed later, at the end of the run.
+func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Stats, elapsed time.Duration) {
 	var tiers [256]uint64
 	var all [rKinds][]int64
 	var hits uint64
@@ -801,7 +804,7 @@ func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Sta
 
 	// A daemon restarted during the run (the sessions reconnect) counts
 	// from zero: its counters are all from the run; the old one's are lost.
-	if before.PID != after.PID {
+	if !sameDaemon(before, after, elapsed) {
 		before = &client.Stats{}
 	}
 	prev := map[[2]string]shm.MoveStats{}
