@@ -400,16 +400,18 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 				if err != nil {
 					return err
 				}
+				// An explicit size wins, 0 (no such tier) included.
+				f := cmd.Flags()
 				for _, t := range st.Tiers {
 					switch {
-					case t.Name == "host" && host == 0:
+					case t.Name == "host" && !f.Changed("host-bytes"):
 						in.HostBytes = uint64(max(t.CapacityBytes, 0))
-					case t.Name == "nvme" && nvme == 0:
+					case t.Name == "nvme" && !f.Changed("nvme-bytes"):
 						in.NVMeBytes = uint64(max(t.CapacityBytes, 0))
 					}
 				}
 				in.TierSource = "kvtierd at " + g.socket
-				if gpu > 0 || host > 0 || nvme > 0 {
+				if f.Changed("gpu-bytes") || f.Changed("host-bytes") || f.Changed("nvme-bytes") {
 					in.TierSource += " and flags"
 				}
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -333,6 +334,36 @@ func TestPlanCommand(t *testing.T) {
 	} {
 		if _, err := run(t, args...); err == nil {
 			t.Errorf("%v succeeded", args)
+		}
+	}
+}
+
+// plan --socket takes the tier sizes from the daemon, "explicit size flags
+// still win" (--help), and a size of 0 is an absent tier. An explicit
+// --host-bytes 0 was taken for "not given": the daemon's host tier was
+// planned with anyway.
+func TestPlanLiveExplicitFlags(t *testing.T) {
+	sock, _ := restartableDaemon(t, t.TempDir(), 32)
+	base := []string{"--model", "llama-3-8b", "--concurrency", "4", "--avg-context", "1024", "--socket", sock}
+	for _, tc := range []struct {
+		flags  []string
+		tiers  []string
+		caps   []uint64
+		source string
+	}{
+		{nil, []string{"host"}, []uint64{32 * mib}, "kvtierd at " + sock},
+		{[]string{"--host-bytes", "1GiB"}, []string{"host"}, []uint64{gib}, "kvtierd at " + sock + " and flags"},
+		{[]string{"--host-bytes", "0", "--gpu-bytes", "1GiB"}, []string{"gpu"}, []uint64{gib}, "kvtierd at " + sock + " and flags"},
+		{[]string{"--host-bytes", "0"}, nil, nil, "kvtierd at " + sock + " and flags"},
+	} {
+		r := planJSON(t, append(base, tc.flags...)...)
+		var names []string
+		var caps []uint64
+		for _, tier := range r.Tiers {
+			names, caps = append(names, tier.Name), append(caps, tier.CapacityBytes)
+		}
+		if strings.Join(names, ",") != strings.Join(tc.tiers, ",") || fmt.Sprint(caps) != fmt.Sprint(tc.caps) || r.TierSource != tc.source {
+			t.Errorf("plan %v: tiers %v %v from %q; want %v %v from %q", tc.flags, names, caps, r.TierSource, tc.tiers, tc.caps, tc.source)
 		}
 	}
 }

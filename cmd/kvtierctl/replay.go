@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -138,21 +140,22 @@ func runReplay(cmd *cobra.Command, g *globals, o replayOpts, path string) error 
 		return errors.New("replay: --limit must be ≥ 0")
 	case o.sessions < 1:
 		return errors.New("replay: --sessions must be ≥ 1")
-	case o.speed < 0:
-		return errors.New("replay: --speed must be ≥ 0")
+	case !(o.speed >= 0) || math.IsInf(o.speed, 1):
+		return errors.New("replay: --speed must be a finite number ≥ 0")
 	}
-	reqs, err := trace.ReadFile(path)
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	reqs, err := readTrace(ctx, path, o.limit)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
-	}
-	if o.limit > 0 && len(reqs) > o.limit {
-		reqs = reqs[:o.limit]
 	}
 	if len(reqs) == 0 {
 		return fmt.Errorf("replay: %s holds no requests", path)
 	}
 	if o.simulate {
-		res, err := simulateTrace(reqs, o.capacities, o.policies)
+		res, err := simulateTrace(ctx, reqs, o.capacities, o.policies)
 		if err != nil {
 			return err
 		}
@@ -164,6 +167,35 @@ func runReplay(cmd *cobra.Command, g *globals, o replayOpts, path string) error 
 		return nil
 	}
 	return runLiveReplay(cmd, g, o, path, reqs)
+}
+
+// readTrace reads the first limit requests of the trace at path (all of
+// them if limit is 0): the lines after them are neither read nor validated.
+// It gives up when ctx is done.
+func readTrace(ctx context.Context, path string, limit int) ([]trace.Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tr := trace.NewReader(f)
+	var reqs []trace.Request
+	for limit == 0 || len(reqs) < limit {
+		if len(reqs)%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		req, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		reqs = append(reqs, req)
+	}
+	return reqs, nil
 }
 
 // ---- simulate ------------------------------------------------------------
@@ -230,7 +262,8 @@ func simPolicies(names []string) ([]string, error) {
 
 // simulateTrace runs every policy and Belady at every capacity, in parallel
 // (each simulation owns its policy; the compiled workload is only read).
-func simulateTrace(reqs []trace.Request, capacities []int, names []string) (*simResult, error) {
+// It stops early with ctx's error when ctx is done (Ctrl-C).
+func simulateTrace(ctx context.Context, reqs []trace.Request, capacities []int, names []string) (*simResult, error) {
 	if len(capacities) == 0 {
 		return nil, errors.New("replay: --capacity-blocks is empty")
 	}
@@ -286,7 +319,16 @@ func simulateTrace(reqs []trace.Request, capacities []int, names []string) (*sim
 						continue
 					}
 				}
-				out[j.ci][j.pi] = w.Simulate(c, p)
+				r, err := w.SimulateContext(ctx, c, p)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					continue
+				}
+				out[j.ci][j.pi] = r
 			}
 		}()
 	}
@@ -465,9 +507,15 @@ type replayWorker struct {
 	want []byte
 	hs   []client.Hash
 
-	samples  [rKinds][]int64
+	samples [rKinds][]int64
+	done    int // leading requests of reqs completed
+	replayCounts
+}
+
+// replayCounts are a worker's counters. They cover its completed requests
+// only: a request that fails or is interrupted midway is rolled back.
+type replayCounts struct {
 	tierHits [256]uint64
-	done     int // leading requests of reqs completed
 	refs     uint64
 	tokens   uint64
 	served   uint64
@@ -499,6 +547,7 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	if err != nil {
 		return err
 	}
+	beforeAt := time.Now()
 	block := uint64(o.blockSize)
 	ns := replayNamespace(block)
 	ws := make([]*replayWorker, o.sessions)
@@ -564,7 +613,7 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	if err != nil {
 		return err
 	}
-	res.summarize(ws, before, after)
+	res.summarize(ws, before, after, time.Since(beforeAt))
 	if g.json {
 		err = writeJSON(stdout(cmd), res)
 	} else {
@@ -582,8 +631,13 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 	for _, ri := range w.reqs {
 		r := &reqs[ri]
 		if o.speed > 0 {
-			due := t0.Add(time.Duration(float64(r.Timestamp-ts0) * float64(time.Millisecond) / o.speed))
-			if d := time.Until(due); d > 0 {
+			// A delay beyond time.Duration's range (slow motion of a long
+			// trace) saturates rather than wrapping negative.
+			delay := time.Duration(math.MaxInt64)
+			if f := float64(r.Timestamp-ts0) * float64(time.Millisecond) / o.speed; f < float64(math.MaxInt64) {
+				delay = time.Duration(f)
+			}
+			if d := time.Until(t0.Add(delay)); d > 0 {
 				t := time.NewTimer(d)
 				select {
 				case <-ctx.Done():
@@ -597,9 +651,18 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 			return err
 		}
 		rctx, cancel := g.ctx(ctx)
+		counts, nsamples := w.replayCounts, [rKinds]int{}
+		for k := range nsamples {
+			nsamples[k] = len(w.samples[k])
+		}
 		err := w.request(rctx, seed, r)
 		cancel()
 		if err != nil {
+			// The figures cover completed requests: drop this one's.
+			w.replayCounts = counts
+			for k, n := range nsamples {
+				w.samples[k] = w.samples[k][:n]
+			}
 			return fmt.Errorf("request %d (line %d): %w", ri, r.Line, err)
 		}
 		w.done++
@@ -696,7 +759,9 @@ func (w *replayWorker) request(ctx context.Context, seed uint64, r *trace.Reques
 	return nil
 }
 
-func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Stats) {
+// summarize totals the workers' counters; before and after are the daemon's
+// status at the start and, elapsed later, at the end of the run.
+func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Stats, elapsed time.Duration) {
 	var tiers [256]uint64
 	var all [rKinds][]int64
 	var hits uint64
@@ -739,7 +804,7 @@ func (res *replayResult) summarize(ws []*replayWorker, before, after *client.Sta
 
 	// A daemon restarted during the run (the sessions reconnect) counts
 	// from zero: its counters are all from the run; the old one's are lost.
-	if before.PID != after.PID {
+	if !sameDaemon(before, after, elapsed) {
 		before = &client.Stats{}
 	}
 	prev := map[[2]string]shm.MoveStats{}

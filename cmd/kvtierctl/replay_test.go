@@ -269,3 +269,32 @@ func TestReplayLiveNVMe(t *testing.T) {
 		t.Errorf("second pass hit %.3f not above first %.3f", second.BlockHitRatio, first.BlockHitRatio)
 	}
 }
+
+// --limit N replays only the first N requests; a bad line after them is not
+// part of the replay and must not fail it (replay used to read and validate
+// the whole file first).
+func TestReplayLimitStopsReading(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	data := `{"timestamp": 0, "input_length": 1024, "hash_ids": [1, 2]}
+{"timestamp": 5, "input_length": 1024, "hash_ids": [1, 3]}
+{"timestamp": 9, "input_length": 512, "hash_ids": [1, 1]}
+not json
+`
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var res simResult
+	out := mustRun(t, "replay", "--simulate", "--json", "--limit", "2", "--capacity-blocks", "0", path)
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("replay --simulate --json: %v\n%s", err, out)
+	}
+	// Two requests, four references, one hit (block 1 of the second).
+	if res.Requests != 2 || res.BlockRefs != 4 || res.DistinctBlocks != 3 || res.UnlimitedHit != 0.25 {
+		t.Errorf("--limit 2: %d requests, %d refs, %d distinct, unlimited hit %v; want 2, 4, 3, 0.25",
+			res.Requests, res.BlockRefs, res.DistinctBlocks, res.UnlimitedHit)
+	}
+	// Without --limit the bad lines still fail the replay, naming the line.
+	if _, err := run(t, "replay", "--simulate", "--limit", "3", path); err == nil || !strings.Contains(err.Error(), "line 3") {
+		t.Errorf("--limit 3 over a bad line 3: %v", err)
+	}
+}

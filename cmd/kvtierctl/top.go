@@ -95,6 +95,24 @@ func delta(cur, prev uint64) uint64 {
 	return cur - prev
 }
 
+// restartSlack is how far the start times (sample time − uptime) of two
+// status samples of one daemon may seem to differ: the samples' round trips
+// differ by far less, and a daemon restarted in between started later by at
+// least the previous one's uptime.
+const restartSlack = time.Second
+
+// sameDaemon reports whether cur, sampled elapsed after prev, comes from the
+// daemon process that produced prev. The pid alone does not tell: a daemon
+// restarted as PID 1 of a container (or in the same process) keeps it, but
+// its uptime starts again.
+func sameDaemon(prev, cur *shm.Stats, elapsed time.Duration) bool {
+	if prev.PID != cur.PID {
+		return false
+	}
+	drift := elapsed.Seconds() - (cur.UptimeSeconds - prev.UptimeSeconds)
+	return drift < restartSlack.Seconds()
+}
+
 func rate(n uint64, secs float64) *float64 {
 	r := float64(n) / secs
 	return &r
@@ -111,7 +129,7 @@ func computeTopFrame(prev, cur *shm.Stats, dt time.Duration, at time.Time) topFr
 			Namespaces: len(cur.Namespaces)},
 	}
 	secs := dt.Seconds()
-	rates := prev != nil && prev.PID == cur.PID && secs > 0
+	rates := prev != nil && secs > 0 && sameDaemon(prev, cur, dt)
 	if !rates {
 		prev = &shm.Stats{}
 	} else {

@@ -132,7 +132,9 @@ func TestComputeTopFrame(t *testing.T) {
 	}
 
 	// Counters that went backwards (never, short of a restart) do not wrap.
-	back := computeTopFrame(cur, prev, time.Second, time.Unix(0, 0))
+	backwards := *prev
+	backwards.UptimeSeconds = cur.UptimeSeconds + 1
+	back := computeTopFrame(cur, &backwards, time.Second, time.Unix(0, 0))
 	if back.Tiers[0].Hits != 0 || *back.Ops[0].PerSec != 0 || back.Moves[0].Blocks != 0 {
 		t.Errorf("backwards counters: %+v", back)
 	}
@@ -244,5 +246,29 @@ func TestTopOnce(t *testing.T) {
 		if _, err := run(t, args...); err == nil {
 			t.Errorf("%v succeeded", args)
 		}
+	}
+}
+
+// A daemon restarted under the same pid (PID 1 of a container, or an
+// in-process daemon) is a new process all the same: its counters start
+// from zero, so a frame has no rates, as after a pid change. top told
+// restarts by the pid alone and showed rates from the two daemons'
+// counters (here 0 hits/s and 0 ops/s from a busy new daemon).
+func TestComputeTopFrameSamePIDRestart(t *testing.T) {
+	prev := &shm.Stats{PID: 1, UptimeSeconds: 3600, Tiers: []shm.TierStats{{Name: "host", Hits: 1000}},
+		Ops: map[string]uint64{"get": 5000}, SessionsTotal: 50}
+	cur := &shm.Stats{PID: 1, UptimeSeconds: 0.5, Tiers: []shm.TierStats{{Name: "host", Hits: 40}},
+		Ops: map[string]uint64{"get": 100}, SessionsTotal: 2}
+	f := computeTopFrame(prev, cur, time.Second, time.Now())
+	if f.IntervalSeconds != 0 || f.OpsPerSec != nil || f.Tiers[0].HitsPerSec != nil || f.Sessions.NewPerSec != nil {
+		t.Errorf("frame across a same-pid restart: interval %v, ops/s %v, hits/s %v, new sessions/s %v; want no rates",
+			f.IntervalSeconds, fmtPtr(f.OpsPerSec), fmtPtr(f.Tiers[0].HitsPerSec), fmtPtr(f.Sessions.NewPerSec))
+	}
+	// The same daemon a second later still has rates, whatever the jitter
+	// of the two samples.
+	later := *prev
+	later.UptimeSeconds += 1.3
+	if f := computeTopFrame(prev, &later, time.Second, time.Now()); f.OpsPerSec == nil {
+		t.Error("no rates between two samples of one daemon")
 	}
 }

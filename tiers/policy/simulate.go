@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/kvtier/kvtier/tiers/trace"
@@ -107,6 +108,14 @@ func Simulate(reqs []trace.Request, capacity int, p Policy) Result {
 // Belady oracle this reproduces the reference figures of
 // shared/workloads/README.md.
 func (w *Workload) Simulate(capacity int, p Policy) Result {
+	res, _ := w.SimulateContext(context.Background(), capacity, p)
+	return res
+}
+
+// SimulateContext is Simulate that gives up when ctx is done (it checks
+// every simCheckEvery requests), returning the partial Result and ctx's
+// error.
+func (w *Workload) SimulateContext(ctx context.Context, capacity int, p Policy) (Result, error) {
 	res := Result{Policy: p.Name(), Capacity: max(capacity, 0), Requests: len(w.Reqs), Refs: len(w.keys)}
 	resident := make([]bool, w.nBlocks)
 	where := make(map[Key]int32, min(w.nBlocks, 1<<20))
@@ -115,6 +124,11 @@ func (w *Workload) Simulate(capacity int, p Policy) Result {
 	}
 	n := 0
 	for ri := range w.Reqs {
+		if ri%simCheckEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+		}
 		lo, hi := w.starts[ri], w.starts[ri+1]
 		h := lo
 		for h < hi && resident[w.dense[h]] {
@@ -166,5 +180,9 @@ func (w *Workload) Simulate(capacity int, p Policy) Result {
 	if p.Len() != n {
 		panic(fmt.Sprintf("policy %s: Len() = %d, simulator holds %d blocks", p.Name(), p.Len(), n))
 	}
-	return res
+	return res, nil
 }
+
+// simCheckEvery is how many requests SimulateContext simulates between
+// looks at its context.
+const simCheckEvery = 64

@@ -36,6 +36,11 @@ const BlockTokens = 512
 // lines are rejected instead of being buffered without limit.
 const MaxLineBytes = 64 << 20
 
+// MaxTokens bounds input_length and output_length. No model's context
+// comes near it; a larger claim is bad input, and with this bound the token
+// sums of a replay (uint64) cannot wrap short of 2^32 lines.
+const MaxTokens int64 = 1 << 32
+
 // Request is one line of a trace.
 type Request struct {
 	Timestamp    int64   `json:"timestamp"`     // arrival, ms from trace start
@@ -61,7 +66,8 @@ func (e *LineError) Error() string { return fmt.Sprintf("trace: line %d: %v", e.
 func (e *LineError) Unwrap() error { return e.Err }
 
 // DecodeLine decodes one JSON line into a Request and validates it:
-// timestamp, lengths and ids must be non-negative, hash_ids must be present
+// timestamp, lengths and ids must be non-negative, lengths at most
+// MaxTokens, hash_ids must be present
 // (it may be empty) and no id may repeat within a request (a chain cannot
 // contain its own prefix block twice). Unknown fields are ignored.
 func DecodeLine(line []byte) (Request, error) {
@@ -104,6 +110,9 @@ func DecodeLine(line []byte) (Request, error) {
 	}
 	if raw.InputLength < 0 || raw.OutputLength < 0 {
 		return r, fmt.Errorf("negative length (input %d, output %d)", raw.InputLength, raw.OutputLength)
+	}
+	if int64(raw.InputLength) > MaxTokens || int64(raw.OutputLength) > MaxTokens {
+		return r, fmt.Errorf("input_length %d or output_length %d above %d tokens", raw.InputLength, raw.OutputLength, MaxTokens)
 	}
 	if raw.HashIDs == nil {
 		return r, errors.New(`missing "hash_ids"`)

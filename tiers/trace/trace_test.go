@@ -26,6 +26,8 @@ func TestDecodeLine(t *testing.T) {
 		{`{"timestamp": 1, "hash_ids": [1.5]}`, Request{}, "bad JSON"},
 		{`{"timestamp": 1, "hash_ids": [1]} {}`, Request{}, "trailing"},
 		{`{"timestamp": 1, "input_length": -3, "hash_ids": [1]}`, Request{}, "negative length"},
+		{`{"timestamp": 1, "input_length": 4294967297, "hash_ids": [1]}`, Request{}, "above"},
+		{`{"timestamp": 1, "output_length": 4611686018427387904, "hash_ids": [1]}`, Request{}, "above"},
 		{`[1,2]`, Request{}, "bad JSON"},
 		{`{"timestamp": "x", "hash_ids": [1]}`, Request{}, "bad JSON"},
 	} {
