@@ -75,9 +75,9 @@ type Daemon struct {
 	sessionsTotal atomic.Uint64
 	// roomWaits counts ring loop waits for room in a full completion
 	// ring (a test's measure of how often stuck clients wake the loops).
-	roomWaits atomic.Uint64
-	sessionsBad   atomic.Uint64
-	ops           [16]atomic.Uint64
+	roomWaits   atomic.Uint64
+	sessionsBad atomic.Uint64
+	ops         [16]atomic.Uint64
 
 	metrics *metrics // nil when metrics.listen is ""; see metrics.go
 
