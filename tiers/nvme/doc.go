@@ -84,9 +84,13 @@
 // where a write past the filesystem's free space is SIGBUS, not an error.
 // Put keeps a reserve free (see "Byte budget"); what writes index records
 // without a Put first (eviction, deletions, drops of corrupt blocks,
-// compaction) checks the free space and stops or refuses (Delete:
-// ErrNoSpace) when there is none, and Open refuses with ErrNoSpace when
-// the filesystem cannot take the write-ahead log a crash left to replay.
+// compaction) checks the free space and stops when there is none. A
+// deletion the filesystem has no room to log (Delete, DeleteNS) still takes
+// the block out of the index at once, and the maintenance pass (or Close)
+// writes its tombstone once there is room; only a restart while the
+// filesystem is still full finds such a block again. Open refuses with
+// ErrNoSpace when the filesystem cannot take the write-ahead log a crash
+// left to replay.
 //
 // If badger cannot open the directory (e.g. truncated MANIFEST) for a reason
 // other than permissions, a full or read-only disk, or a held lock, Open

@@ -38,6 +38,7 @@ func (s *Store) loop(ctx context.Context) {
 //     (adaptive penalty) and evict down to it; when under, relax the penalty.
 func (s *Store) maintain(ctx context.Context) {
 	defer s.passFinished()
+	s.writeLateDeletes()
 	s.runGC(ctx, 0.5)
 	disk := s.measure()
 	if softCap := s.bud.Load().softCap; disk <= softCap {

@@ -22,7 +22,7 @@ func helperMain(mode string) int {
 	case "openstat":
 		return openStat(os.Getenv("KVTIER_NVME_DIR"))
 	case "deleteall":
-		return deleteAll(os.Getenv("KVTIER_NVME_DIR"), os.Getenv("KVTIER_NVME_OP"))
+		return deleteAll(os.Getenv("KVTIER_NVME_DIR"), os.Getenv("KVTIER_NVME_OP"), os.Getenv("KVTIER_NVME_FILLER"))
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper", mode)
 	return 2
@@ -113,8 +113,11 @@ const (
 // reading them when they are all damaged ("getcorrupt"); "compact" only
 // runs maintenance passes over a store half of whose blocks are deleted. A
 // block whose Delete failed must read back exact; one whose Delete
-// succeeded must be a miss, also after a reopen. It prints "ok" at the end.
-func deleteAll(dir, op string) int {
+// succeeded must be a miss at once. Then filler (what fills the
+// filesystem) is removed: a maintenance pass must write the tombstones the
+// full filesystem had no room for, and after a reopen every deleted block
+// must still be a miss. It prints "ok" at the end.
+func deleteAll(dir, op, filler string) int {
 	open := func() (*Store, error) {
 		return Open(context.Background(), Options{Dir: dir, CapacityBytes: 100 << 20, Logger: quietLogger(), GCInterval: 50 * time.Millisecond})
 	}
@@ -202,6 +205,27 @@ func deleteAll(dir, op string) int {
 	if !check("after the deletes") {
 		return 1
 	}
+	s.mu.Lock()
+	late := len(s.lateDel)
+	s.mu.Unlock()
+	if err := os.Remove(filler); err != nil {
+		fmt.Fprintln(os.Stderr, "remove filler:", err)
+		return 1
+	}
+	for range 2 { // a pass that began before the removal may have found no room
+		s.mu.Lock()
+		ch := s.passDone
+		s.mu.Unlock()
+		s.wake()
+		<-ch
+	}
+	s.mu.Lock()
+	left := len(s.lateDel)
+	s.mu.Unlock()
+	if left != 0 {
+		fmt.Fprintf(os.Stderr, "%d of %d late tombstones still pending with room on the filesystem\n", left, late)
+		return 1
+	}
 	if err := s.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "close:", err)
 	}
@@ -213,7 +237,7 @@ func deleteAll(dir, op string) int {
 		return 1
 	}
 	s.Close()
-	fmt.Printf("ok deleted=%d refused=%d\n", deleted, failed)
+	fmt.Printf("ok deleted=%d refused=%d late=%d\n", deleted, failed, late)
 	return 0
 }
 

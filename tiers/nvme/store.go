@@ -143,10 +143,15 @@ type Store struct {
 	gate    sync.RWMutex
 	stripes [nStripes]sync.Mutex
 
-	mu       sync.Mutex // guards idx, penalty, passDone
+	mu       sync.Mutex // guards idx, penalty, passDone, lateDel
 	idx      *index
 	penalty  int64
 	passDone chan struct{} // closed after each maintenance pass
+	// lateDel: blocks deleted while the filesystem had no room to log
+	// their tombstones (deletionRoom). They left the index at once (never
+	// served again by this process); maintenance and Close write the
+	// tombstones once there is room, unless the key was stored again.
+	lateDel map[Key]struct{}
 
 	measureMu    sync.Mutex // one measure at a time (it subtracts the writtenSince it read)
 	diskMeasured atomic.Int64
@@ -1099,8 +1104,9 @@ func (s *Store) Size(k Key) (int64, bool) {
 }
 
 // Delete removes k. Deleting an absent key is not an error. When the
-// filesystem has no room left to log the deletion (see deletionRoom) it
-// fails with an error matching ErrNoSpace and k stays.
+// filesystem has no room left to log the deletion (see deletionRoom), k
+// leaves the index at once and its tombstone is written once there is room
+// (lateDel); a restart before that finds the block again.
 func (s *Store) Delete(k Key) error {
 	if err := s.enter(); err != nil {
 		return err
@@ -1118,7 +1124,10 @@ func (s *Store) Delete(k Key) error {
 		return nil
 	}
 	if s.deletionRoom() == 0 {
-		return fmt.Errorf("nvme: delete: %w: no room on the filesystem to log it", ErrNoSpace)
+		// No room to log the tombstone: the block leaves the index now
+		// and its tombstone is written later (lateDel).
+		s.deleteLate([]Key{k})
+		return nil
 	}
 	var kb [keyLen]byte
 	encodeKey(&kb, k)
@@ -1136,8 +1145,8 @@ func (s *Store) Delete(k Key) error {
 
 // DeleteNS removes every block of namespace ns and returns how many were in
 // the index. It writes one tombstone per block (a WriteBatch per round of
-// as many as the filesystem has room for; with none left it stops and
-// returns how many it removed and an error matching ErrNoSpace) while
+// as many as the filesystem has room for; with none left the rest leave
+// the index at once and get their tombstones later, as in Delete) while
 // writes to the store are paused, then wakes the maintenance loop, which flushes
 // removes the segments that became empty and compacts partly dead ones.
 func (s *Store) DeleteNS(ns uint32) (int, error) {
@@ -1167,7 +1176,9 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 	for len(keys) > 0 {
 		room := s.deletionRoom()
 		if room == 0 {
-			return deleted, fmt.Errorf("nvme: delete namespace %d: %w: no room on the filesystem to log %d more deletions", ns, ErrNoSpace, len(keys))
+			s.deleteLate(keys) // tombstones written once there is room
+			deleted += len(keys)
+			break
 		}
 		round := keys[:min(room, len(keys))]
 		wb := s.db.NewWriteBatch()
@@ -1193,6 +1204,82 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 		keys = keys[len(round):]
 	}
 	return deleted, nil
+}
+
+// deleteLate takes keys out of the index without their tombstones, which
+// writeLateDeletes writes once the filesystem has room. The caller holds
+// the keys' stripes (or the gate).
+func (s *Store) deleteLate(keys []Key) {
+	released := false
+	s.mu.Lock()
+	if s.lateDel == nil {
+		s.lateDel = map[Key]struct{}{}
+	}
+	for _, k := range keys {
+		if sz, seg := s.idx.remove(k); sz >= 0 {
+			released = s.segs.release(seg, sz, false) || released
+			s.lateDel[k] = struct{}{}
+		}
+	}
+	n := len(s.lateDel)
+	s.mu.Unlock()
+	s.log.Warn("nvme: filesystem full; blocks deleted now, their index tombstones written once there is room",
+		"blocks", len(keys), "pending", n)
+	if released {
+		s.wake()
+	}
+}
+
+// writeLateDeletes writes the tombstones deleteLate left for later, as
+// many as the filesystem has room for. A key stored again meanwhile has a
+// new record and needs none.
+func (s *Store) writeLateDeletes() {
+	s.mu.Lock()
+	n := len(s.lateDel)
+	s.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	room := s.deletionRoom()
+	if room == 0 {
+		return
+	}
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	s.mu.Lock()
+	keys := make([]Key, 0, min(room, n))
+	for k := range s.lateDel {
+		if len(keys) == room {
+			break
+		}
+		keys = append(keys, k)
+	}
+	s.mu.Unlock()
+	written := 0
+	for _, k := range keys {
+		st := stripeOf(k)
+		s.stripes[st].Lock()
+		s.mu.Lock()
+		_, stored := s.idx.get(k)
+		_, pending := s.lateDel[k]
+		delete(s.lateDel, k)
+		s.mu.Unlock()
+		if pending && !stored {
+			var kb [keyLen]byte
+			encodeKey(&kb, k)
+			if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
+				s.mu.Lock()
+				s.lateDel[k] = struct{}{}
+				s.mu.Unlock()
+				s.stripes[st].Unlock()
+				s.log.Warn("nvme: writing a late tombstone failed; retried at the next pass", "err", err)
+				return
+			}
+			written++
+		}
+		s.stripes[st].Unlock()
+	}
+	s.log.Info("nvme: late index tombstones written", "blocks", written, "pending", n-len(keys))
 }
 
 // Keys calls fn for every block in the index, from least to most recently
@@ -1245,6 +1332,7 @@ func (s *Store) Close() error {
 	s.life.Unlock()
 	s.cancel()
 	s.wg.Wait()
+	s.writeLateDeletes() // a restart would otherwise find those blocks again
 	err := s.segs.sync() // data before the index records that point at it
 	if derr := s.db.Close(); err == nil {
 		err = derr
