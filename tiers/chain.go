@@ -878,7 +878,7 @@ func (c *Chain) Committed() {
 	if c.NVMe == nil {
 		return
 	}
-	used, capacity := c.Host.Usage()
+	used, capacity := c.Host.Occupied()
 	if high, _ := c.Watermarks(); float64(used) > high*float64(capacity) {
 		c.kickDemoter()
 	}
@@ -903,7 +903,7 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 		case <-c.kick:
 		case <-t.C:
 		}
-		used, capacity := c.Host.Usage()
+		used, capacity := c.Host.Occupied()
 		high, low := c.Watermarks()
 		if float64(used) <= high*float64(capacity) {
 			continue
@@ -918,7 +918,7 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 			if moved == 0 {
 				break
 			}
-			used, _ = c.Host.Usage()
+			used, _ = c.Host.Occupied()
 		}
 	}
 }
@@ -950,7 +950,7 @@ func (c *Chain) makeRoom(n int64, blocks int) {
 // fits reports whether n more bytes fit in the host tier under its high
 // watermark.
 func (c *Chain) fits(n int64) bool {
-	used, capacity := c.Host.Usage()
+	used, capacity := c.Host.Occupied()
 	high, _ := c.Watermarks()
 	return float64(used+n) <= high*float64(capacity)
 }
