@@ -314,6 +314,13 @@ func (c *Chain) apply(ev polEvent) {
 	_, known := c.polKeys[ev.k]
 	switch ev.op {
 	case polInsert:
+		if !known && !c.Host.Contains(fromPK(ev.k)) {
+			// Gone already (a mover's "track it again" raced a delete or
+			// an eviction): its removal event, queued before or after
+			// this one, finds nothing to remove, and the policy must not
+			// track a block the tier does not hold.
+			break
+		}
 		if known {
 			c.pol.Access(ev.k, ev.a)
 		} else if c.pol.Admit(ev.k, ev.a) {
