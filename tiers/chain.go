@@ -886,9 +886,16 @@ func (c *Chain) Committed() {
 		return
 	}
 	used, capacity := c.Host.Occupied()
-	if high, _ := c.Watermarks(); float64(used) > high*float64(capacity) {
+	if high, _ := c.Watermarks(); above(used, capacity, high) {
 		c.kickDemoter()
 	}
+}
+
+// above reports whether a tier with used of capacity bytes is above the
+// high watermark high: past it, or full (with a high watermark of 1 it can
+// never be past it, and a full tier must still go down to the low one).
+func above(used, capacity int64, high float64) bool {
+	return float64(used) > high*float64(capacity) || used >= capacity
 }
 
 func (c *Chain) kickDemoter() {
@@ -912,7 +919,7 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 		}
 		used, capacity := c.Host.Occupied()
 		high, low := c.Watermarks()
-		if float64(used) <= high*float64(capacity) {
+		if !above(used, capacity, high) {
 			continue
 		}
 		// The lock is taken per batch, not per pass: a promotion making

@@ -42,3 +42,36 @@ func TestMoverCountsSlabWaste(t *testing.T) {
 		}
 	}
 }
+
+// TestMoverDemotesAtHighWatermarkOne: host.high_watermark = 1 is valid
+// (0 < high <= 1); the tier can never be above it, but a full tier must
+// still be demoted (to the low watermark) rather than leave every later put
+// to evict a block that has no copy below.
+func TestMoverDemotesAtHighWatermarkOne(t *testing.T) {
+	const bs, full = 64 << 10, 128 // 128 blocks fill 8 MiB
+	r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20,
+		cfg: ChainConfig{HighWatermark: 1, LowWatermark: 0.5, Policy: "lru"}})
+	keys := make([]Key, full+1)
+	for i := range keys {
+		keys[i] = chainKey(2, uint64(i))
+	}
+	for _, k := range keys[:full] {
+		r.putHost(t, k, bs)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for r.c.Stats().Demoted == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("host tier full (%d blocks) at high watermark 1 and the mover demoted nothing", r.h.Stats().Blocks)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	r.putHost(t, keys[full], bs)
+	if ev := r.h.Stats().Evictions; ev != 0 {
+		t.Fatalf("host tier evicted %d blocks without a copy below", ev)
+	}
+	for i, k := range keys {
+		if !r.inAny(k) {
+			t.Fatalf("block %d lost: in no tier", i)
+		}
+	}
+}
