@@ -154,8 +154,12 @@ type Chain struct {
 var ErrPromote = errors.New("promotion from nvme failed")
 
 type promotion struct {
-	key     Key
-	size    int64
+	key  Key
+	size int64
+	// info (Chain.mu): the block's place in the chain a lookup found it
+	// in, for the policy when the block is committed (zero when only an
+	// acquire asked for it).
+	info    policy.AccessInfo
 	waiters []func(*Handle, error)
 	// deleted (Chain.mu): the block was deleted while being promoted; the
 	// copy read before the delete must not be committed.
@@ -547,6 +551,7 @@ func (c *Chain) lookup(chain []Key, tiers []shm.Tier, above func(i int) bool) (h
 	req = c.lookups.Add(1)
 	i := 0
 	defer func() { c.noteLookup(chain, tiers, i, req) }()
+	var nowMs int64
 	for i < len(chain) {
 		i += c.Host.Lookup(chain[i:], tiers[i:])
 		if i == len(chain) {
@@ -554,7 +559,12 @@ func (c *Chain) lookup(chain []Key, tiers []shm.Tier, above func(i int) bool) (h
 		}
 		if c.inNVMe(chain[i]) {
 			tiers[i] = shm.TierNVMe
-			c.prefetch(chain[i])
+			if nowMs == 0 {
+				nowMs = time.Now().UnixMilli()
+			}
+			// Promoted, the block enters the policy with its place in
+			// this chain, as a put of it would.
+			c.prefetch(chain[i], ChainInfo(chain, i, req, nowMs))
 		} else if above == nil || !above(i) {
 			break
 		}
@@ -661,13 +671,19 @@ func (c *Chain) acquireBelow(k Key, size int64, done func(*Handle, error)) (*Han
 	return nil, true
 }
 
-func (c *Chain) prefetch(k Key) {
+func (c *Chain) prefetch(k Key, info policy.AccessInfo) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stopped || c.inflight[k] != nil {
+	if c.stopped {
 		return
 	}
-	p := &promotion{key: k, deleted: c.beingDeletedLocked(k)}
+	if p := c.inflight[k]; p != nil {
+		if p.info.ChainLen == 0 {
+			p.info = info // an acquire's promotion: now its place is known
+		}
+		return
+	}
+	p := &promotion{key: k, info: info, deleted: c.beingDeletedLocked(k)}
 	size, ok := c.NVMe.Size(nk(k))
 	if !ok {
 		return
@@ -834,13 +850,14 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 			continue
 		}
 		err := c.Host.CommitPinned(hd)
+		info := p.info
 		c.mu.Unlock()
 		if err != nil {
 			errs[i] = fmt.Errorf("%w: %v", ErrPromote, err)
 			continue
 		}
 		held[i] = hd // pinned until finish has leased it to every waiter
-		c.Inserted(p.key, policy.AccessInfo{})
+		c.Inserted(p.key, info)
 		c.promoted.Add(1)
 		c.promotedBytes.Add(uint64(p.size))
 		c.swapInNanos.Add(uint64(dt))
