@@ -178,6 +178,12 @@ type polOp uint8
 
 const (
 	polInsert polOp = iota
+	// polPromoted: a block brought up from NVMe was committed. Its place
+	// in the chain counts while its parent is tracked; without it (demoted
+	// meanwhile, or still coming up) it enters as a root, as a block
+	// whose place is unknown, not as an orphan to refuse: its copy below
+	// is intact and it was admitted before.
+	polPromoted
 	polAccess
 	polRemove
 	polLookup
@@ -317,7 +323,12 @@ func (c *Chain) policyLoop(ctx context.Context) {
 func (c *Chain) apply(ev polEvent) {
 	_, known := c.polKeys[ev.k]
 	switch ev.op {
-	case polInsert:
+	case polInsert, polPromoted:
+		if ev.op == polPromoted && ev.a.HasParent {
+			if _, ok := c.polKeys[ev.a.Parent]; !ok {
+				ev.a.HasParent, ev.a.Parent = false, policy.Key{}
+			}
+		}
 		if !known && !c.Host.Contains(fromPK(ev.k)) {
 			// Gone already (a mover's "track it again" raced a delete or
 			// an eviction): its removal event, queued before or after
@@ -857,7 +868,7 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 			continue
 		}
 		held[i] = hd // pinned until finish has leased it to every waiter
-		c.Inserted(p.key, info)
+		c.note(polEvent{op: polPromoted, k: pk(p.key), a: info})
 		c.promoted.Add(1)
 		c.promotedBytes.Add(uint64(p.size))
 		c.swapInNanos.Add(uint64(dt))
