@@ -1189,6 +1189,9 @@ func (c *Chain) Park(k Key) {
 	c.parked[k] = time.Now().Add(c.cfg.ParkTTL)
 	c.parkMu.Unlock()
 	if c.NVMe == nil {
+		// Evicted since its commit (before it was recorded here, so its
+		// removal did not forget it): no tier holds it.
+		c.forgetParkedIfGone(k)
 		return
 	}
 	c.mu.Lock() // against Wait: a queued block is written or unpinned
@@ -1198,6 +1201,7 @@ func (c *Chain) Park(k Key) {
 	}
 	hd, ok := c.Host.Pin(k)
 	if !ok {
+		c.forgetParkedIfGone(k) // evicted since its commit, as above
 		return
 	}
 	select {
