@@ -154,8 +154,12 @@ type Chain struct {
 var ErrPromote = errors.New("promotion from nvme failed")
 
 type promotion struct {
-	key     Key
-	size    int64
+	key  Key
+	size int64
+	// info (Chain.mu): the block's place in the chain a lookup found it
+	// in, for the policy when the block is committed (zero when only an
+	// acquire asked for it).
+	info    policy.AccessInfo
 	waiters []func(*Handle, error)
 	// deleted (Chain.mu): the block was deleted while being promoted; the
 	// copy read before the delete must not be committed.
@@ -174,6 +178,12 @@ type polOp uint8
 
 const (
 	polInsert polOp = iota
+	// polPromoted: a block brought up from NVMe was committed. Its place
+	// in the chain counts while its parent is tracked; without it (demoted
+	// meanwhile, or still coming up) it enters as a root, as a block
+	// whose place is unknown, not as an orphan to refuse: its copy below
+	// is intact and it was admitted before.
+	polPromoted
 	polAccess
 	polRemove
 	polLookup
@@ -313,7 +323,19 @@ func (c *Chain) policyLoop(ctx context.Context) {
 func (c *Chain) apply(ev polEvent) {
 	_, known := c.polKeys[ev.k]
 	switch ev.op {
-	case polInsert:
+	case polInsert, polPromoted:
+		if ev.op == polPromoted && ev.a.HasParent {
+			if _, ok := c.polKeys[ev.a.Parent]; !ok {
+				ev.a.HasParent, ev.a.Parent = false, policy.Key{}
+			}
+		}
+		if !known && !c.Host.Contains(fromPK(ev.k)) {
+			// Gone already (a mover's "track it again" raced a delete or
+			// an eviction): its removal event, queued before or after
+			// this one, finds nothing to remove, and the policy must not
+			// track a block the tier does not hold.
+			break
+		}
 		if known {
 			c.pol.Access(ev.k, ev.a)
 		} else if c.pol.Admit(ev.k, ev.a) {
@@ -540,6 +562,7 @@ func (c *Chain) lookup(chain []Key, tiers []shm.Tier, above func(i int) bool) (h
 	req = c.lookups.Add(1)
 	i := 0
 	defer func() { c.noteLookup(chain, tiers, i, req) }()
+	var nowMs int64
 	for i < len(chain) {
 		i += c.Host.Lookup(chain[i:], tiers[i:])
 		if i == len(chain) {
@@ -547,7 +570,12 @@ func (c *Chain) lookup(chain []Key, tiers []shm.Tier, above func(i int) bool) (h
 		}
 		if c.inNVMe(chain[i]) {
 			tiers[i] = shm.TierNVMe
-			c.prefetch(chain[i])
+			if nowMs == 0 {
+				nowMs = time.Now().UnixMilli()
+			}
+			// Promoted, the block enters the policy with its place in
+			// this chain, as a put of it would.
+			c.prefetch(chain[i], ChainInfo(chain, i, req, nowMs))
 		} else if above == nil || !above(i) {
 			break
 		}
@@ -654,13 +682,19 @@ func (c *Chain) acquireBelow(k Key, size int64, done func(*Handle, error)) (*Han
 	return nil, true
 }
 
-func (c *Chain) prefetch(k Key) {
+func (c *Chain) prefetch(k Key, info policy.AccessInfo) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stopped || c.inflight[k] != nil {
+	if c.stopped {
 		return
 	}
-	p := &promotion{key: k, deleted: c.beingDeletedLocked(k)}
+	if p := c.inflight[k]; p != nil {
+		if p.info.ChainLen == 0 {
+			p.info = info // an acquire's promotion: now its place is known
+		}
+		return
+	}
+	p := &promotion{key: k, info: info, deleted: c.beingDeletedLocked(k)}
 	size, ok := c.NVMe.Size(nk(k))
 	if !ok {
 		return
@@ -827,13 +861,14 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 			continue
 		}
 		err := c.Host.CommitPinned(hd)
+		info := p.info
 		c.mu.Unlock()
 		if err != nil {
 			errs[i] = fmt.Errorf("%w: %v", ErrPromote, err)
 			continue
 		}
 		held[i] = hd // pinned until finish has leased it to every waiter
-		c.Inserted(p.key, policy.AccessInfo{})
+		c.note(polEvent{op: polPromoted, k: pk(p.key), a: info})
 		c.promoted.Add(1)
 		c.promotedBytes.Add(uint64(p.size))
 		c.swapInNanos.Add(uint64(dt))
@@ -878,10 +913,17 @@ func (c *Chain) Committed() {
 	if c.NVMe == nil {
 		return
 	}
-	used, capacity := c.Host.Usage()
-	if high, _ := c.Watermarks(); float64(used) > high*float64(capacity) {
+	used, capacity := c.Host.Occupied()
+	if high, _ := c.Watermarks(); above(used, capacity, high) {
 		c.kickDemoter()
 	}
+}
+
+// above reports whether a tier with used of capacity bytes is above the
+// high watermark high: past it, or full (with a high watermark of 1 it can
+// never be past it, and a full tier must still go down to the low one).
+func above(used, capacity int64, high float64) bool {
+	return float64(used) > high*float64(capacity) || used >= capacity
 }
 
 func (c *Chain) kickDemoter() {
@@ -903,9 +945,9 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 		case <-c.kick:
 		case <-t.C:
 		}
-		used, capacity := c.Host.Usage()
+		used, capacity := c.Host.Occupied()
 		high, low := c.Watermarks()
-		if float64(used) <= high*float64(capacity) {
+		if !above(used, capacity, high) {
 			continue
 		}
 		// The lock is taken per batch, not per pass: a promotion making
@@ -918,7 +960,7 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 			if moved == 0 {
 				break
 			}
-			used, _ = c.Host.Usage()
+			used, _ = c.Host.Occupied()
 		}
 	}
 }
@@ -950,7 +992,7 @@ func (c *Chain) makeRoom(n int64, blocks int) {
 // fits reports whether n more bytes fit in the host tier under its high
 // watermark.
 func (c *Chain) fits(n int64) bool {
-	used, capacity := c.Host.Usage()
+	used, capacity := c.Host.Occupied()
 	high, _ := c.Watermarks()
 	return float64(used+n) <= high*float64(capacity)
 }
@@ -1147,6 +1189,9 @@ func (c *Chain) Park(k Key) {
 	c.parked[k] = time.Now().Add(c.cfg.ParkTTL)
 	c.parkMu.Unlock()
 	if c.NVMe == nil {
+		// Evicted since its commit (before it was recorded here, so its
+		// removal did not forget it): no tier holds it.
+		c.forgetParkedIfGone(k)
 		return
 	}
 	c.mu.Lock() // against Wait: a queued block is written or unpinned
@@ -1156,6 +1201,7 @@ func (c *Chain) Park(k Key) {
 	}
 	hd, ok := c.Host.Pin(k)
 	if !ok {
+		c.forgetParkedIfGone(k) // evicted since its commit, as above
 		return
 	}
 	select {

@@ -103,7 +103,7 @@ func (g *GPU) fits(size int64) bool { return size <= g.Slots.slabBytes }
 
 // hasRoom reports whether n more bytes stay under the high watermark.
 func (g *GPU) hasRoom(n int64) bool {
-	used, capacity := g.Slots.Usage()
+	used, capacity := g.Slots.Occupied() // the slabs' waste too (Host.Occupied)
 	return float64(used+n) <= g.set.cfg.HighWatermark*float64(capacity)
 }
 
@@ -515,7 +515,7 @@ func (gs *GPUSet) GPUOf(hd *Handle) *GPU {
 
 // Committed is called after a GPU reservation was committed.
 func (gs *GPUSet) Committed(g *GPU) {
-	if used, capacity := g.Slots.Usage(); float64(used) > gs.cfg.HighWatermark*float64(capacity) {
+	if used, capacity := g.Slots.Occupied(); float64(used) > gs.cfg.HighWatermark*float64(capacity) {
 		g.kickDemoter()
 	}
 }
@@ -858,7 +858,7 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 		case <-g.kick:
 		case <-t.C:
 		}
-		used, capacity := g.Slots.Usage()
+		used, capacity := g.Slots.Occupied()
 		pressed := g.pressure.Swap(false)
 		if !pressed && float64(used) <= gs.cfg.HighWatermark*float64(capacity) {
 			continue
@@ -874,7 +874,7 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 				}
 				break
 			}
-			used, _ = g.Slots.Usage()
+			used, _ = g.Slots.Occupied()
 		}
 		g.passes.Add(1)
 	}

@@ -41,6 +41,23 @@ func (h *Host) PinColdest(n int, skip func(Key) bool) []*Handle {
 	return out
 }
 
+// Occupied returns the bytes of the tier that a new block cannot take
+// without an eviction, and the capacity: the capacity less the free slabs
+// and the free slots of the slabs in use. It is the blocks' bytes (Usage)
+// plus what the slabs waste on them: slot alignment, and the tail of a slab
+// that its block size does not divide (blocks of 5 MiB fill a 64 MiB slab
+// at 12, 93.75%). The mover's watermarks are of it, so that a tier full of
+// such blocks is above them.
+func (h *Host) Occupied() (occupied, capacity int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	free := int64(len(h.pool)) * h.slabBytes
+	for _, c := range h.classList {
+		free += int64(c.freeSlots()) * c.stride
+	}
+	return h.size - free, h.size
+}
+
 // SetOnRemove installs a callback run, under the tier's lock, whenever a
 // committed block leaves the index (eviction, deletion, demotion). It must
 // not call back into the Host.
