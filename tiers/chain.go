@@ -71,10 +71,11 @@ type Chain struct {
 	// promoteRun is promoteRunBytes, or what a benchmark sets before
 	// Start to measure one block per read in the same run.
 	promoteRun int64
-	// diskFullUntil (unix nanos): after a demotion failed for lack of
-	// space the mover backs off until then instead of cycling through
-	// blocks that cannot go down (each would become most recently used
-	// and push recent puts out of the host tier).
+	// diskFullUntil (nanos on monoClock): after a demotion failed for
+	// lack of space the mover backs off until then instead of cycling
+	// through blocks that cannot go down (each would become most recently
+	// used and push recent puts out of the host tier). Monotonic: a wall
+	// clock stepped back would stretch the back-off by the step.
 	diskFullUntil atomic.Int64
 
 	mu       sync.Mutex
@@ -997,10 +998,16 @@ func (c *Chain) fits(n int64) bool {
 	return float64(used+n) <= high*float64(capacity)
 }
 
+// monoClock is the origin of monoNow.
+var monoClock = time.Now()
+
+// monoNow is nanoseconds on the monotonic clock (since monoClock).
+func monoNow() int64 { return int64(time.Since(monoClock)) }
+
 // demoteBatch moves up to n of the coldest host blocks down and returns how
 // many left the host tier.
 func (c *Chain) demoteBatch(n int) int {
-	if time.Now().UnixNano() < c.diskFullUntil.Load() {
+	if monoNow() < c.diskFullUntil.Load() {
 		return 0
 	}
 	hs, drop := c.pinVictims(n)
@@ -1017,7 +1024,7 @@ func (c *Chain) demoteBatch(n int) int {
 	eachWriter(hs[drop:], func(run []*Handle) {
 		var ok []bool
 		var took []time.Duration
-		if time.Now().UnixNano() < c.diskFullUntil.Load() {
+		if monoNow() < c.diskFullUntil.Load() {
 			ok = make([]bool, len(run))
 		} else {
 			ok, _, took = c.writeDown(run)
@@ -1139,7 +1146,7 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 		// not written now and find their clean copy at the next attempt.
 		c.demoteErrors.Add(uint64(len(keys))) // blocks, like the moves
 		if errors.Is(err, nvme.ErrNoSpace) {
-			c.diskFullUntil.Store(time.Now().Add(time.Second).UnixNano())
+			c.diskFullUntil.Store(monoNow() + int64(time.Second))
 		}
 		c.log.Warn("demotion to nvme failed", "blocks", len(keys), "first", run[idx[0]].Key.Hash, "err", err)
 		return ok, 0, took
