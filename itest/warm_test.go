@@ -324,7 +324,8 @@ func TestWarmRestart(t *testing.T) {
 		t.Fatalf("fd store holds %q while #2 serves, want the arena alone", got)
 	}
 
-	// Crash: no snapshot. The next start gets the arena alone.
+	// Crash: no snapshot. The next start gets the arena alone, and
+	// replaces it.
 	d2.cmd.Process.Kill()
 	<-d2.done
 	store.sync()
@@ -346,9 +347,11 @@ func TestWarmRestart(t *testing.T) {
 			t.Errorf("block %d served after a crash without an index", i)
 		}
 	}
-	if !strings.Contains(d3.stderr.String(), "using the host arena kept by systemd") ||
-		!strings.Contains(d3.stderr.String(), "adopted_blocks=0") {
-		t.Errorf("daemon #3 did not start from the kept arena with no block adopted")
+	// The crashed daemon's clients may still write into the kept arena
+	// (a late device copy): #3 must discard it for a fresh one.
+	if !strings.Contains(d3.stderr.String(), "discarding the host arena kept by systemd") ||
+		strings.Contains(d3.stderr.String(), "using the host arena kept by systemd") {
+		t.Errorf("daemon #3 did not discard the arena a crashed daemon left")
 	}
 	if err := d3.signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("daemon #3 exited with %v", err)
