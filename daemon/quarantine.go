@@ -76,6 +76,12 @@ func (q *quarantine) add(pid uint32, handles []*tiers.Handle) {
 		abortAll(handles)
 		return
 	}
+	// The slots are held, not their keys: another session's put of the
+	// same block gets a slot of its own (a key left reserved would answer
+	// it "exists" for as long as the hold lasts).
+	for _, h := range handles {
+		h.Owner().Disown(h)
+	}
 	now, hold := time.Now(), time.Duration(q.hold.Load())
 	q.mu.Lock()
 	q.entries = append(q.entries, quarantined{pid: pid, w: w, until: now.Add(hold), since: now, handles: handles})

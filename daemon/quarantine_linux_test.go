@@ -155,3 +155,31 @@ func TestQuarantineCloseWaits(t *testing.T) {
 	waitReserved(t, h2, 0, 10*time.Second)
 	_, _ = hs, cancel
 }
+
+// TestQuarantinedKeyCanBeReservedAgain: a held reservation keeps its slot,
+// not its key. Another session's put of the same block must get a slot of
+// its own: while the dead session's key stayed reserved, such puts were
+// answered "exists" (the client took the block as stored) for as long as
+// the hold lasted.
+func TestQuarantinedKeyCanBeReservedAgain(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // after the rigs' cleanups
+	h, hs, q, cancel := quarantineRig(t, 1, time.Minute)
+	t.Cleanup(cancel) // before the rig's close: releases the held slot at once
+	q.add(uint32(os.Getpid()), hs)
+	if b := q.blocks.Load(); b != 1 {
+		t.Fatalf("%d quarantined, want 1", b)
+	}
+	hd, err := h.Reserve(hs[0].Key, 64<<10)
+	if err != nil {
+		t.Fatalf("reserve of a quarantined reservation's key: %v", err)
+	}
+	if hd.Offset == hs[0].Offset {
+		t.Fatalf("new reservation got the quarantined slot at %d", hd.Offset)
+	}
+	if err := h.Abort(hd); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	waitReserved(t, h, 0, 5*time.Second)
+}
