@@ -250,3 +250,67 @@ func TestReopenAfterKillOnFullFilesystem(t *testing.T) {
 		t.Fatalf("open with room: %s, want %s", out, want)
 	}
 }
+
+// TestCloseWritesEveryLateDelete: a namespace deleted while the filesystem
+// had no room to log its tombstones leaves the index at once; Close, with
+// room again, must write every one of them, not one round's worth
+// (maxVictimsPerPut): the blocks past it came back at the next Open.
+func TestCloseWritesEveryLateDelete(t *testing.T) {
+	mnt := filepath.Join(t.TempDir(), "fs")
+	mountSmallTmpfs(t, mnt, 160<<20)
+	dir := filepath.Join(mnt, "nvme")
+	open := func() *Store {
+		s, err := Open(t.Context(), Options{Dir: dir, CapacityBytes: 100 << 20, Logger: quietLogger(), GCInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := open()
+	const n = maxVictimsPerPut + 100
+	var ks []Key
+	var bs [][]byte
+	for i := range uint64(n) {
+		// A block of namespace 2 beside every 64 of namespace 1 keeps
+		// the segments alive, so the records left behind stay valid.
+		for _, k := range []Key{testKey(1, i), testKey(2, i)} {
+			if k.NS == 2 && i%64 != 0 {
+				continue
+			}
+			ks, bs = append(ks, k), append(bs, payloadFor(k, 64))
+		}
+		if len(ks) >= 64 || i == n-1 {
+			if err := s.PutBatch(ks, bs); err != nil {
+				t.Fatalf("put batch at %d: %v", i, err)
+			}
+			ks, bs = ks[:0], bs[:0]
+		}
+	}
+	filler := filepath.Join(mnt, "filler")
+	fillFilesystem(t, filler, 16<<10)
+	if room := s.deletionRoom(); room != 0 {
+		t.Fatalf("deletionRoom %d on a full filesystem, want 0", room)
+	}
+	if got, err := s.DeleteNS(1); got != n || err != nil {
+		t.Fatalf("DeleteNS = %d, %v; want %d, nil", got, err, n)
+	}
+	waitPasses(s, 2) // the passes it woke ran while the filesystem was full
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open()
+	defer s.Close()
+	back := 0
+	s.Keys(func(k Key, _ int64) bool {
+		if k.NS == 1 {
+			back++
+		}
+		return true
+	})
+	if back != 0 {
+		t.Fatalf("%d blocks of the deleted namespace back after reopen, want 0", back)
+	}
+}

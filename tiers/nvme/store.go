@@ -1231,18 +1231,26 @@ func (s *Store) deleteLate(keys []Key) {
 }
 
 // writeLateDeletes writes the tombstones deleteLate left for later, as
-// many as the filesystem has room for. A key stored again meanwhile has a
-// new record and needs none.
+// many as the filesystem has room for, in rounds of at most
+// maxVictimsPerPut (deletionRoom). A key stored again meanwhile has a new
+// record and needs none.
 func (s *Store) writeLateDeletes() {
+	for s.writeLateDeletesRound() {
+	}
+}
+
+// writeLateDeletesRound writes one round of late tombstones and reports
+// whether another may follow (it made progress and some are left).
+func (s *Store) writeLateDeletesRound() bool {
 	s.mu.Lock()
 	n := len(s.lateDel)
 	s.mu.Unlock()
 	if n == 0 {
-		return
+		return false
 	}
 	room := s.deletionRoom()
 	if room == 0 {
-		return
+		return false
 	}
 	s.gate.RLock()
 	defer s.gate.RUnlock()
@@ -1273,13 +1281,14 @@ func (s *Store) writeLateDeletes() {
 				s.mu.Unlock()
 				s.stripes[st].Unlock()
 				s.log.Warn("nvme: writing a late tombstone failed; retried at the next pass", "err", err)
-				return
+				return false
 			}
 			written++
 		}
 		s.stripes[st].Unlock()
 	}
 	s.log.Info("nvme: late index tombstones written", "blocks", written, "pending", n-len(keys))
+	return len(keys) > 0 && n > len(keys)
 }
 
 // Keys calls fn for every block in the index, from least to most recently
