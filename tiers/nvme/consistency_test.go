@@ -399,3 +399,56 @@ func TestSyncMakesNewSegmentsDurable(t *testing.T) {
 		t.Fatal("under SyncWrites a Put that created a segment returned before its directory entry was durable")
 	}
 }
+
+// TestReindexDropsEveryDanglingRecord: an Open whose segments were lost
+// finds every index record dangling and deletes them all, however many,
+// on a filesystem with room: it deleted one round (maxVictimsPerPut) and
+// kept the rest as if the filesystem were full.
+func TestReindexDropsEveryDanglingRecord(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, 100<<20)
+	const n = maxVictimsPerPut + 100
+	var ks []Key
+	var bs [][]byte
+	for i := range uint64(n) {
+		k := testKey(1, i)
+		ks, bs = append(ks, k), append(bs, payloadFor(k, 64))
+		if len(ks) == 64 || i == n-1 {
+			if err := s.PutBatch(ks, bs); err != nil {
+				t.Fatalf("put batch at %d: %v", i, err)
+			}
+			ks, bs = ks[:0], bs[:0]
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, err := filepath.Glob(filepath.Join(dir, segDirName, "*"+segSuffix))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("segments: %v %v", segs, err)
+	}
+	for _, p := range segs {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = openT(t, dir, 100<<20)
+	defer s.Close()
+	if b := s.Stats().Blocks; b != 0 {
+		t.Fatalf("%d blocks indexed with every segment lost", b)
+	}
+	left := 0
+	if err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			left++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d dangling index records left in badger after the reopen, want 0", left)
+	}
+}

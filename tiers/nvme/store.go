@@ -519,22 +519,29 @@ func (s *Store) reindex(ctx context.Context) error {
 	}
 	if len(bad) > 0 {
 		s.log.Warn("nvme: dropping malformed, torn or dangling index records", "count", len(bad))
-		if room := s.deletionRoom(); len(bad) > room {
-			// A full filesystem: delete what fits (see deletionRoom). The
-			// rest stay out of the index and are dropped at a later Open;
-			// new segments get ids past any they point into, so that none
-			// of them comes to lie within a segment.
-			s.log.Warn("nvme: filesystem full; keeping some dropped index records until the next open", "count", len(bad)-room)
-			bad = bad[:room]
-			s.segs.mu.Lock()
-			s.segs.next = max(s.segs.next, badSeg+1)
-			s.segs.mu.Unlock()
+		// In rounds of as many deletions as the filesystem has room for
+		// (deletionRoom, at most maxVictimsPerPut).
+		for len(bad) > 0 {
+			room := s.deletionRoom()
+			if room == 0 {
+				// A full filesystem: the rest stay out of the index and
+				// are dropped at a later Open; new segments get ids past
+				// any they point into, so that none of them comes to lie
+				// within a segment.
+				s.log.Warn("nvme: filesystem full; keeping some dropped index records until the next open", "count", len(bad))
+				s.segs.mu.Lock()
+				s.segs.next = max(s.segs.next, badSeg+1)
+				s.segs.mu.Unlock()
+				break
+			}
+			round := bad[:min(room, len(bad))]
+			wb := s.db.NewWriteBatch()
+			for _, k := range round {
+				_ = wb.Delete(k)
+			}
+			_ = wb.Flush()
+			bad = bad[len(round):]
 		}
-		wb := s.db.NewWriteBatch()
-		for _, k := range bad {
-			_ = wb.Delete(k)
-		}
-		_ = wb.Flush()
 	}
 	for _, sg := range s.segs.snapshot() {
 		sg.live.Store(live[sg.id])
