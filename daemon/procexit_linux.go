@@ -7,20 +7,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// processExited reports whether process pid has exited: reaped, or a
-// zombie (its pidfd polls readable). A pid already reused by another
-// process reads as alive.
-func processExited(pid uint32) bool {
-	fd, err := unix.PidfdOpen(int(pid), 0)
-	if err != nil {
-		return errors.Is(err, unix.ESRCH)
-	}
-	defer unix.Close(fd)
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(pfd, 0)
-	return err == nil && n > 0 && pfd[0].Revents&unix.POLLIN != 0
-}
-
 // procWatch follows one process until it has exited (a pidfd). The kernel
 // makes a pidfd readable in exit_notify, after the process's files are
 // closed: for a CUDA client, after its driver files are, and with them its
@@ -58,11 +44,10 @@ func pollExited(ws []procWatch, timeout time.Duration) []bool {
 		pfd[i] = unix.PollFd{Fd: int32(w.fd), Events: unix.POLLIN} // a negative fd is ignored
 	}
 	n, err := unix.Poll(pfd, int(timeout.Milliseconds()))
-	if err != nil || n == 0 {
-		if errors.Is(err, unix.EINTR) || err == nil {
-			return out
-		}
+	if err != nil && !errors.Is(err, unix.EINTR) {
 		time.Sleep(timeout) // no busy loop on an unexpected poll error
+	}
+	if err != nil || n == 0 {
 		return out
 	}
 	for i := range pfd {

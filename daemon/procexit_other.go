@@ -4,9 +4,6 @@ package daemon
 
 import "time"
 
-// processExited: without pidfds, only the exit tracer and socket EOF tell.
-func processExited(uint32) bool { return false }
-
 // procWatch: without pidfds no exit is seen; quarantined reservations wait
 // for their deadline.
 type procWatch struct{}

@@ -57,6 +57,15 @@ type quarantined struct {
 	handles []*tiers.Handle
 }
 
+// processExited reports whether process pid has exited: reaped, or a
+// zombie (its files are closed). A pid already reused by another process,
+// or one that cannot be watched, reads as alive.
+func processExited(pid uint32) bool {
+	w, exited := watchProc(pid)
+	w.close()
+	return exited
+}
+
 func newQuarantine(log *slog.Logger) *quarantine {
 	q := &quarantine{log: log, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	q.hold.Store(int64(quarantineHold))
