@@ -145,7 +145,15 @@
 // All methods are safe for concurrent use. Per-key stripes serialize
 // writers of the same key (Put, Delete, compaction's relocation); eviction
 // and compaction skip keys whose stripe is busy. A store-wide gate lets
-// writes run concurrently but excludes them during DeleteNS. Two Puts write
+// writes run concurrently but excludes them during DeleteNS. Delete never
+// waits for another write (the daemon calls it on a client's ring loop,
+// where a write to a slow disk holding the stripe would stall the ring):
+// when the stripe or the gate is busy it hides the block at once (reads
+// and Keys no longer see it) and the store's deleter goroutine deletes it
+// when the lock is free, unless a Put of the key that began after the
+// Delete stored it again; Close deletes what is left. Such a deletion,
+// like one the filesystem had no room to log, is undone by a crash before
+// it is written (TestDeleteDoesNotWaitForAWrite). Two Puts write
 // to two lanes (segments) at once; a segment is closed only under its
 // write lock, after reads in flight finish, and a Get that finds its
 // segment gone (relocated meanwhile) looks the record up again.

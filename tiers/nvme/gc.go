@@ -11,7 +11,7 @@ import (
 	badger "github.com/dgraph-io/badger/v4"
 )
 
-// loop is the store's only goroutine. It runs a maintenance pass every
+// loop is the store's maintenance goroutine (the deleter is the other). It runs a maintenance pass every
 // GCInterval and whenever Put/Delete wake it (a segment became empty, or a
 // Put waits for room).
 func (s *Store) loop(ctx context.Context) {

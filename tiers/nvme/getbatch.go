@@ -68,7 +68,7 @@ func (s *Store) getBatch(keys []Key, dsts [][]byte, ns []int, errs []error) (slo
 	s.mu.Lock()
 	for i, k := range keys {
 		j, ok := s.idx.get(k)
-		if !ok {
+		if !ok || s.isHiddenLocked(k) {
 			errs[i] = ErrNotFound
 			s.misses.Add(1)
 			continue

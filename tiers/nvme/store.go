@@ -152,6 +152,20 @@ type Store struct {
 	// served again by this process); maintenance and Close write the
 	// tombstones once there is room, unless the key was stored again.
 	lateDel map[Key]struct{}
+	// hidden: blocks a Delete could not remove at once because a write
+	// held their stripe (or DeleteNS the gate). Reads treat them as absent
+	// from then on, and the deleter goroutine removes them once the lock is
+	// free, so that a Delete on a client's ring loop never waits for a
+	// write to a slow disk. The value is the Delete's number (delSeq): a
+	// Put of the key that locks its stripe after it supersedes it
+	// (putChunk).
+	hidden  map[Key]uint64
+	delSeq  uint64
+	delKick chan struct{}
+	// testHook, if set (tests only, before use), runs in putChunk with
+	// the chunk's stripes locked, before its write ("put"), and in the
+	// deleter before it takes each hidden block's stripe ("hidden").
+	testHook func(point string)
 
 	measureMu    sync.Mutex // one measure at a time (it subtracts the writtenSince it read)
 	diskMeasured atomic.Int64
@@ -308,6 +322,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s := &Store{
 		lock: lk, log: log, dir: dir, opts: opts,
 		kick:     make(chan struct{}, 1),
+		delKick:  make(chan struct{}, 1),
 		passDone: make(chan struct{}),
 	}
 	s.segFileSize = segFileSizeFor(opts.CapacityBytes)
@@ -350,8 +365,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.measure()
 	lctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.loop(lctx)
+	go s.deleter(lctx)
 	// Filled under a larger capacity (a restart with a lower one): as
 	// SetCapacity does, evict down to the logical limit now and have the
 	// maintenance loop give the disk space back, rather than stay over
@@ -701,6 +717,14 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 			defer s.stripes[st].Unlock()
 		}
 	}
+	// Deletes of these keys up to this one came before this write; later
+	// ones came while it holds the stripes, and win.
+	s.mu.Lock()
+	startSeq := s.delSeq
+	s.mu.Unlock()
+	if s.testHook != nil {
+		s.testHook("put")
+	}
 	if keep != nil {
 		if hashed != nil {
 			<-hashed
@@ -799,6 +823,12 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 	} else {
 		for i, k := range keys {
 			s.idx.put(k, int64(len(blocks[i])), seg, false)
+			if seq, ok := s.hidden[k]; ok && seq <= startSeq {
+				// Deleted while another write held the stripe, before
+				// this write of k began: this block is newer than the
+				// deletion, which must not remove it.
+				delete(s.hidden, k)
+			}
 		}
 	}
 	s.mu.Unlock()
@@ -956,7 +986,7 @@ func (s *Store) Get(k Key, dst []byte) (int, error) {
 	defer s.exit()
 	s.mu.Lock()
 	i, ok := s.idx.get(k)
-	if !ok {
+	if !ok || s.isHiddenLocked(k) {
 		s.mu.Unlock()
 		s.misses.Add(1)
 		return 0, ErrNotFound
@@ -1096,6 +1126,7 @@ func (s *Store) dropCorrupt(k Key, kb [keyLen]byte, ver uint64) {
 func (s *Store) Contains(k Key) bool {
 	s.mu.Lock()
 	_, ok := s.idx.get(k)
+	ok = ok && !s.isHiddenLocked(k)
 	s.mu.Unlock()
 	return ok
 }
@@ -1104,28 +1135,72 @@ func (s *Store) Contains(k Key) bool {
 func (s *Store) Size(k Key) (int64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i, ok := s.idx.get(k); ok {
+	if i, ok := s.idx.get(k); ok && !s.isHiddenLocked(k) {
 		return s.idx.ents[i].size, true
 	}
 	return 0, false
 }
 
-// Delete removes k. Deleting an absent key is not an error. When the
-// filesystem has no room left to log the deletion (see deletionRoom), k
-// leaves the index at once and its tombstone is written once there is room
-// (lateDel); a restart before that finds the block again.
+// Delete removes k. Deleting an absent key is not an error. It does not
+// wait for writes of other blocks: when a Put holds k's stripe (or
+// DeleteNS the store), k is hidden at once (Get, Contains, Size and Keys no
+// longer see it) and the deleter goroutine removes it when the lock is free
+// (or Close does), unless a Put of k that began after the Delete stored it
+// again. A crash before then finds the block again, as a restart does a
+// deletion the filesystem had no room to log: when it has none, k leaves
+// the index at once and its tombstone is written once there is room
+// (lateDel).
 func (s *Store) Delete(k Key) error {
 	if err := s.enter(); err != nil {
 		return err
 	}
 	defer s.exit()
-	s.gate.RLock()
-	defer s.gate.RUnlock()
 	st := stripeOf(k)
-	s.stripes[st].Lock()
-	defer s.stripes[st].Unlock()
+	if s.gate.TryRLock() {
+		if s.stripes[st].TryLock() {
+			err := s.deleteLocked(k)
+			s.stripes[st].Unlock()
+			s.gate.RUnlock()
+			return err
+		}
+		s.gate.RUnlock()
+	}
+	s.mu.Lock()
+	if len(s.hidden) >= maxHidden {
+		// The deleter is that far behind (a client deleting in a loop
+		// while DeleteNS holds the store): wait, as a bound on memory.
+		s.mu.Unlock()
+		s.gate.RLock()
+		defer s.gate.RUnlock()
+		s.stripes[st].Lock()
+		defer s.stripes[st].Unlock()
+		return s.deleteLocked(k)
+	}
+	if s.hidden == nil {
+		s.hidden = map[Key]uint64{}
+	}
+	s.delSeq++
+	s.hidden[k] = s.delSeq
+	s.mu.Unlock()
+	select {
+	case s.delKick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// maxHidden bounds the deletions Delete leaves to the deleter (about
+// 60 bytes each).
+const maxHidden = 1 << 16
+
+// deleteLocked deletes k and ends its hiding, if any. Requires the gate
+// (read) and k's stripe.
+func (s *Store) deleteLocked(k Key) error {
 	s.mu.Lock()
 	_, ok := s.idx.get(k)
+	if !ok {
+		delete(s.hidden, k)
+	}
 	s.mu.Unlock()
 	if !ok {
 		return nil
@@ -1134,6 +1209,9 @@ func (s *Store) Delete(k Key) error {
 		// No room to log the tombstone: the block leaves the index now
 		// and its tombstone is written later (lateDel).
 		s.deleteLate([]Key{k})
+		s.mu.Lock()
+		delete(s.hidden, k)
+		s.mu.Unlock()
 		return nil
 	}
 	var kb [keyLen]byte
@@ -1143,6 +1221,7 @@ func (s *Store) Delete(k Key) error {
 	}
 	s.mu.Lock()
 	sz, seg := s.idx.remove(k)
+	delete(s.hidden, k)
 	s.mu.Unlock()
 	if sz >= 0 && s.segs.release(seg, sz, false) {
 		s.wake()
@@ -1150,8 +1229,76 @@ func (s *Store) Delete(k Key) error {
 	return nil
 }
 
+// deleter is the goroutine that removes the blocks Delete hid, once their
+// stripes are free.
+func (s *Store) deleter(ctx context.Context) {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.delKick:
+		}
+		s.deleteHidden(ctx)
+	}
+}
+
+// deleteHidden removes the blocks Delete hid, waiting for their stripes,
+// until ctx is done. A block badger fails to delete leaves the index
+// without its tombstone (deleteLate, as on a full filesystem): as far as
+// its caller knows it was deleted. Close runs it once more after the
+// deleter has stopped.
+func (s *Store) deleteHidden(ctx context.Context) {
+	type pending struct {
+		k   Key
+		seq uint64
+	}
+	s.mu.Lock()
+	todo := make([]pending, 0, len(s.hidden))
+	for k, seq := range s.hidden {
+		todo = append(todo, pending{k, seq})
+	}
+	s.mu.Unlock()
+	for _, p := range todo {
+		if ctx.Err() != nil {
+			return
+		}
+		if s.testHook != nil {
+			s.testHook("hidden")
+		}
+		st := stripeOf(p.k)
+		s.gate.RLock()
+		s.stripes[st].Lock()
+		s.mu.Lock()
+		seq, ok := s.hidden[p.k]
+		s.mu.Unlock()
+		// Another Delete since (a larger seq) is handled in the next
+		// round; a Put that superseded it ended the hiding.
+		if ok && seq == p.seq {
+			if err := s.deleteLocked(p.k); err != nil {
+				s.log.Warn("nvme: deleting a hidden block failed; its tombstone is written later", "ns", p.k.NS, "err", err)
+				s.deleteLate([]Key{p.k})
+				s.mu.Lock()
+				delete(s.hidden, p.k)
+				s.mu.Unlock()
+			}
+		}
+		s.stripes[st].Unlock()
+		s.gate.RUnlock()
+	}
+}
+
+// isHiddenLocked reports whether a Delete hid k. Requires s.mu.
+func (s *Store) isHiddenLocked(k Key) bool {
+	if len(s.hidden) == 0 {
+		return false
+	}
+	_, ok := s.hidden[k]
+	return ok
+}
+
 // DeleteNS removes every block of namespace ns and returns how many were in
-// the index. It writes one tombstone per block (a WriteBatch per round of
+// the index (not counting those a Delete hid already). It writes one tombstone per block (a WriteBatch per round of
 // as many as the filesystem has room for; with none left the rest leave
 // the index at once and get their tombstones later, as in Delete) while
 // writes to the store are paused, then wakes the maintenance loop, which flushes
@@ -1165,9 +1312,13 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 	defer s.gate.Unlock()
 	var keys []Key
 	s.mu.Lock()
+	hidden := 0 // deleted already, as far as callers know
 	s.idx.walk(func(k Key, size int64) bool {
 		if k.NS == ns {
 			keys = append(keys, k)
+			if s.isHiddenLocked(k) {
+				hidden++
+			}
 		}
 		return true
 	})
@@ -1194,11 +1345,11 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 			encodeKey(&kb, k)
 			if err := wb.Delete(kb[:]); err != nil {
 				wb.Cancel()
-				return deleted, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+				return max(deleted-hidden, 0), fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
 			}
 		}
 		if err := wb.Flush(); err != nil {
-			return deleted, fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+			return max(deleted-hidden, 0), fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
 		}
 		s.mu.Lock()
 		for _, k := range round {
@@ -1210,7 +1361,7 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 		deleted += len(round)
 		keys = keys[len(round):]
 	}
-	return deleted, nil
+	return max(deleted-hidden, 0), nil
 }
 
 // deleteLate takes keys out of the index without their tombstones, which
@@ -1308,7 +1459,12 @@ func (s *Store) Keys(fn func(k Key, size int64) bool) {
 	}
 	s.mu.Lock()
 	snap := make([]ks, 0, s.idx.len())
-	s.idx.walk(func(k Key, n int64) bool { snap = append(snap, ks{k, n}); return true })
+	s.idx.walk(func(k Key, n int64) bool {
+		if !s.isHiddenLocked(k) {
+			snap = append(snap, ks{k, n})
+		}
+		return true
+	})
 	s.mu.Unlock()
 	for _, e := range snap {
 		if !fn(e.k, e.n) {
@@ -1348,7 +1504,10 @@ func (s *Store) Close() error {
 	s.life.Unlock()
 	s.cancel()
 	s.wg.Wait()
-	s.writeLateDeletes() // a restart would otherwise find those blocks again
+	// What the deleter left, and the tombstones still to write: a restart
+	// would otherwise find those blocks again.
+	s.deleteHidden(context.Background())
+	s.writeLateDeletes()
 	err := s.segs.sync() // data before the index records that point at it
 	if derr := s.db.Close(); err == nil {
 		err = derr

@@ -1,0 +1,249 @@
+package nvme
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+// sameStripe returns a key of namespace ns other than a whose stripe is
+// a's.
+func sameStripe(ns uint32, a Key) Key {
+	k := Key{NS: ns, Hash: shm.Hash{Hi: 1 << 40, Lo: uint64(stripeOf(a)) ^ uint64(ns)}}
+	if k == a || stripeOf(k) != stripeOf(a) {
+		panic("sameStripe: no such key")
+	}
+	return k
+}
+
+// blockAt makes the first pass of the store's code through point (see
+// Store.testHook) stop there until release is closed; entered is closed
+// once it stops there. For "put", that is a write to a slow disk with its
+// stripes locked.
+func blockAt(s *Store, point string) (entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	s.testHook = func(p string) {
+		if p == point {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+	}
+	return entered, release
+}
+
+func hiddenLen(s *Store) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.hidden)
+}
+
+func waitNoHidden(t *testing.T, s *Store) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); hiddenLen(s) > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d hidden blocks never deleted", hiddenLen(s))
+		}
+	}
+}
+
+func keysOf(s *Store) []Key {
+	var ks []Key
+	s.Keys(func(k Key, _ int64) bool { ks = append(ks, k); return true })
+	return ks
+}
+
+// TestDeleteDoesNotWaitForAWrite: a Delete (the daemon calls it on a
+// client's ring loop) of a block whose stripe a write to a slow disk
+// holds — another block's, or a new version of the same block — returns
+// at once, and the blocks are gone from then on: not served, not listed,
+// not back after the write finishes, nor after a restart, whether the
+// deleter removed them before Close or Close did.
+func TestDeleteDoesNotWaitForAWrite(t *testing.T) {
+	for _, closeAtOnce := range []bool{false, true} {
+		name := "deleter"
+		if closeAtOnce {
+			name = "close"
+		}
+		t.Run(name, func(t *testing.T) {
+			const small, large = 64 << 10, 128 << 10
+			dir := t.TempDir()
+			s := openT(t, dir, 256<<20)
+			a := testKey(1, 0)
+			b := sameStripe(1, a)
+			other := testKey(2, 5) // a bystander, kept
+			for _, k := range []Key{a, b, other} {
+				if err := s.Put(k, payloadFor(k, small)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			entered, release := blockAt(s, "put")
+			putDone := make(chan error, 1)
+			go func() { putDone <- s.Put(a, payloadFor(a, large)) }()
+			<-entered
+
+			delDone := make(chan error, 2)
+			go func() { delDone <- s.Delete(b); delDone <- s.Delete(a) }()
+			for range 2 {
+				select {
+				case err := <-delDone:
+					if err != nil {
+						t.Fatalf("delete: %v", err)
+					}
+				case <-time.After(10 * time.Second):
+					close(release)
+					t.Fatal("Delete waited for a write that holds its key's stripe (a slow disk stalls the ring loop)")
+				}
+			}
+			for _, k := range []Key{a, b} {
+				if s.Contains(k) {
+					t.Errorf("%v: Contains after Delete", k)
+				}
+				if _, ok := s.Size(k); ok {
+					t.Errorf("%v: Size found it after Delete", k)
+				}
+				if _, err := s.Get(k, make([]byte, large)); !errors.Is(err, ErrNotFound) {
+					t.Errorf("%v: Get after Delete: %v, want ErrNotFound", k, err)
+				}
+				_, errs := s.GetBatch([]Key{k}, [][]byte{make([]byte, large)})
+				if !errors.Is(errs[0], ErrNotFound) {
+					t.Errorf("%v: GetBatch after Delete: %v, want ErrNotFound", k, errs[0])
+				}
+			}
+			if ks := keysOf(s); !slices.Equal(ks, []Key{other}) {
+				t.Errorf("Keys after the deletes: %v, want only %v", ks, other)
+			}
+
+			close(release)
+			if err := <-putDone; err != nil {
+				t.Fatalf("the slow write: %v", err)
+			}
+			// The write of a began before its Delete: the Delete wins.
+			if s.Contains(a) {
+				t.Error("a write that began before the Delete brought the block back")
+			}
+			if !closeAtOnce {
+				waitNoHidden(t, s)
+				if st := s.Stats(); st.Blocks != 1 {
+					t.Errorf("index holds %d blocks after the deleter ran, want 1", st.Blocks)
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = openT(t, dir, 256<<20)
+			defer s.Close()
+			if ks := keysOf(s); !slices.Equal(ks, []Key{other}) {
+				t.Fatalf("after a restart the store holds %v, want only %v", ks, other)
+			}
+			mustGet(t, s, other, small)
+		})
+	}
+}
+
+// TestPutAfterHiddenDeleteKeepsItsBlock: a Put of a block that begins
+// after a Delete had to hide it (its stripe was busy), and gets the stripe
+// before the deleter does, stores the new block: the deleter must not
+// remove it.
+func TestPutAfterHiddenDeleteKeepsItsBlock(t *testing.T) {
+	const small, large = 64 << 10, 128 << 10
+	dir := t.TempDir()
+	s := openT(t, dir, 256<<20)
+	a := testKey(3, 0)
+	b := sameStripe(3, a)
+	if err := s.Put(a, payloadFor(a, small)); err != nil {
+		t.Fatal(err)
+	}
+	putEntered, putRelease := make(chan struct{}), make(chan struct{})
+	delEntered, delRelease := make(chan struct{}), make(chan struct{})
+	var putOnce, delOnce sync.Once
+	s.testHook = func(p string) {
+		switch p {
+		case "put":
+			putOnce.Do(func() { close(putEntered); <-putRelease })
+		case "hidden":
+			delOnce.Do(func() { close(delEntered); <-delRelease })
+		}
+	}
+	bDone := make(chan error, 1)
+	go func() { bDone <- s.Put(b, payloadFor(b, small)) }() // holds the stripe
+	<-putEntered
+	if err := s.Delete(a); err != nil {
+		t.Fatal(err)
+	}
+	if hiddenLen(s) != 1 || s.Contains(a) {
+		t.Fatalf("%d hidden blocks, a listed: %v; want a hidden", hiddenLen(s), s.Contains(a))
+	}
+	<-delEntered // the deleter waits until the new Put of a is done
+	close(putRelease)
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(a, payloadFor(a, large)); err != nil {
+		t.Fatal(err)
+	}
+	if n := hiddenLen(s); n != 0 {
+		t.Errorf("%d hidden blocks after a Put of a that followed its Delete, want 0", n)
+	}
+	close(delRelease)
+	waitNoHidden(t, s)
+	mustGet(t, s, a, large)
+	mustGet(t, s, b, small)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openT(t, dir, 256<<20)
+	defer s.Close()
+	mustGet(t, s, a, large)
+	mustGet(t, s, b, small)
+}
+
+// TestHiddenDeletesAreBounded: while a write holds the stripe, Delete hides
+// at most maxHidden blocks; the next waits for the lock (memory stays
+// bounded however fast a client deletes), and all are deleted after.
+func TestHiddenDeletesAreBounded(t *testing.T) {
+	s := openT(t, t.TempDir(), 256<<20)
+	defer s.Close()
+	entered, release := blockAt(s, "put")
+	a := testKey(4, 0)
+	putDone := make(chan error, 1)
+	go func() { putDone <- s.Put(a, payloadFor(a, 64<<10)) }()
+	<-entered
+	// Keys in a's stripe, which the write holds: every Delete is busy.
+	keys := make([]Key, maxHidden+1)
+	for i := range keys {
+		keys[i] = Key{NS: 5, Hash: shm.Hash{Hi: uint64(i+1) << 6, Lo: uint64(stripeOf(a)) ^ 5}}
+		if stripeOf(keys[i]) != stripeOf(a) {
+			t.Fatalf("key %d in stripe %d, want %d", i, stripeOf(keys[i]), stripeOf(a))
+		}
+	}
+	for _, k := range keys[:maxHidden] {
+		if err := s.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := hiddenLen(s); n != maxHidden {
+		t.Fatalf("%d hidden, want %d", n, maxHidden)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Delete(keys[maxHidden]) }()
+	select {
+	case <-done:
+		t.Fatalf("Delete returned with %d deletions hidden already", hiddenLen(s))
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if err := <-putDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitNoHidden(t, s)
+}
