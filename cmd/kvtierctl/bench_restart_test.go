@@ -43,8 +43,8 @@ func TestBenchAcrossSamePIDRestart(t *testing.T) {
 	}
 }
 
-// benchAcrossSamePIDRestart benches (mix over a key space of 4× the host
-// tier) against daemon A, which evicted evA blocks before the run and
+// benchAcrossSamePIDRestart benches (mix over a key space of 16× the host
+// tier, in blocks of 1 MiB: it evicts after 16 puts) against daemon A, which evicted evA blocks before the run and
 // restarts in-process as daemon B once the bench opened its session; B
 // evicts evB blocks, all during the run.
 func benchAcrossSamePIDRestart(t *testing.T) (res benchResult, evA, evB uint64, err error) {
@@ -85,7 +85,7 @@ func benchAcrossSamePIDRestart(t *testing.T) (res benchResult, evA, evB uint64, 
 	done := make(chan result, 1)
 	go func() {
 		out, _, err := runCtx(context.Background(), "bench", "--json", "--socket", sock, "--mode", "mix",
-			"--keys", "1024", "--block-size", "64KiB", "--duration", "300ms", "--warmup", "0s")
+			"--keys", "256", "--block-size", "1MiB", "--duration", "300ms", "--warmup", "0s")
 		done <- result{out, err}
 	}()
 	// The bench read A's counters and opened its session: it now measures
