@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -120,10 +121,14 @@ type Chain struct {
 	// access, remove) applied by policyLoop, so ring loops never wait on
 	// it; events are dropped (counted) when the queue is full, and stale
 	// policy state heals when a victim turns out to be gone. polKeys
-	// guards the policy against duplicate inserts and unknown removals.
+	// guards the policy against duplicate inserts and unknown removals,
+	// and holds each tracked block's place in its chain as the policy was
+	// told it, for a demotion victim handed back (its write failed, or it
+	// was leased meanwhile): inserted again without it, a block becomes a
+	// parentless root and its parent a leaf.
 	pmu     sync.Mutex
 	pol     policy.Policy
-	polKeys map[policy.Key]struct{}
+	polKeys map[policy.Key]polPlace
 	// Blocks the policy refused to admit stay in the host tier until
 	// space is needed, then go first and are dropped without being written
 	// to NVMe: the policy judged them not worth keeping.
@@ -185,6 +190,10 @@ const (
 	// whose place is unknown, not as an orphan to refuse: its copy below
 	// is intact and it was admitted before.
 	polPromoted
+	// polBack: a demotion victim the mover hands back (its write failed,
+	// or it was leased meanwhile), with the place it had (polPlace): like
+	// polPromoted, below its parent while that is tracked, a root without.
+	polBack
 	polAccess
 	polRemove
 	polLookup
@@ -201,6 +210,23 @@ type polEvent struct {
 	chain  []policy.Key
 	pos    []int32
 	parent []policy.Key
+}
+
+// polPlace is a tracked block's place in its chain, as the policy's
+// Insert was told it.
+type polPlace struct {
+	parent    policy.Key
+	pos       int32
+	hasParent bool
+}
+
+func placeOf(a policy.AccessInfo) polPlace {
+	return polPlace{parent: a.Parent, pos: int32(min(a.Pos, math.MaxInt32)), hasParent: a.HasParent}
+}
+
+// info is the place as the policy's AccessInfo.
+func (p polPlace) info() policy.AccessInfo {
+	return policy.AccessInfo{Pos: int(p.pos), Parent: p.parent, HasParent: p.hasParent}
 }
 
 func pk(k Key) policy.Key { return policy.Key{NS: k.NS, Hi: k.Hash.Hi, Lo: k.Hash.Lo} }
@@ -249,7 +275,7 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		parked:  map[Key]time.Time{},
 		parkCh:  make(chan *Handle, 4096),
 		pol:     pol,
-		polKeys: map[policy.Key]struct{}{},
+		polKeys: map[policy.Key]polPlace{},
 
 		unadmittedSet: map[policy.Key]struct{}{},
 		polCh:         make(chan polEvent, 1<<16),
@@ -324,8 +350,8 @@ func (c *Chain) policyLoop(ctx context.Context) {
 func (c *Chain) apply(ev polEvent) {
 	_, known := c.polKeys[ev.k]
 	switch ev.op {
-	case polInsert, polPromoted:
-		if ev.op == polPromoted && ev.a.HasParent {
+	case polInsert, polPromoted, polBack:
+		if ev.op != polInsert && ev.a.HasParent {
 			if _, ok := c.polKeys[ev.a.Parent]; !ok {
 				ev.a.HasParent, ev.a.Parent = false, policy.Key{}
 			}
@@ -341,7 +367,7 @@ func (c *Chain) apply(ev polEvent) {
 			c.pol.Access(ev.k, ev.a)
 		} else if c.pol.Admit(ev.k, ev.a) {
 			c.pol.Insert(ev.k, ev.a)
-			c.polKeys[ev.k] = struct{}{}
+			c.polKeys[ev.k] = placeOf(ev.a)
 		} else {
 			c.queueRefused(ev.k)
 		}
@@ -397,8 +423,9 @@ func (c *Chain) queueRefused(k policy.Key) {
 
 // pinVictims pins up to n host blocks the policy wants demoted, falling
 // back to the host tier's LRU order when the policy has none (blocks it
-// did not admit, or state lost to dropped events).
-func (c *Chain) pinVictims(n int) (out []*Handle, drop int) {
+// did not admit, or state lost to dropped events). places holds the place
+// in its chain of each victim it took out of the policy, for handBack.
+func (c *Chain) pinVictims(n int) (out []*Handle, drop int, places map[policy.Key]polPlace) {
 	// Refused blocks first; they are dropped, not written down.
 	c.pmu.Lock()
 	var refused []policy.Key
@@ -435,7 +462,9 @@ func (c *Chain) pinVictims(n int) (out []*Handle, drop int) {
 	for tries := 0; len(out) < n && tries < 4*n; tries++ {
 		c.pmu.Lock()
 		k, ok := c.pol.Victim()
+		var place polPlace
 		if ok {
+			place = c.polKeys[k]
 			c.pol.Remove(k)
 			delete(c.polKeys, k)
 		}
@@ -443,17 +472,33 @@ func (c *Chain) pinVictims(n int) (out []*Handle, drop int) {
 		if !ok {
 			break
 		}
+		if places == nil {
+			places = map[policy.Key]polPlace{}
+		}
+		places[k] = place
 		if hd, ok := c.Host.PinUnleased(fromPK(k)); ok {
 			out = append(out, hd)
 		} else if c.Host.Contains(fromPK(k)) {
 			// Leased right now: it is in use, so keep tracking it.
-			c.note(polEvent{op: polInsert, k: k})
+			c.handBack(fromPK(k), places)
 		}
 	}
 	if len(out) == 0 {
 		out = c.Host.PinColdest(n, nil)
 	}
-	return out, drop
+	return out, drop, places
+}
+
+// handBack tells the policy that k, a demotion victim, stays in the host
+// tier: in its place in the chain when pinVictims took it out of the
+// policy (places), else (a victim of the host's LRU order) as a block of
+// unknown place.
+func (c *Chain) handBack(k Key, places map[policy.Key]polPlace) {
+	if place, ok := places[pk(k)]; ok {
+		c.note(polEvent{op: polBack, k: pk(k), a: place.info()})
+		return
+	}
+	c.Inserted(k, policy.AccessInfo{})
 }
 
 // Start runs the demoter and the promotion workers until ctx ends; Wait
@@ -1010,7 +1055,7 @@ func (c *Chain) demoteBatch(n int) int {
 	if monoNow() < c.diskFullUntil.Load() {
 		return 0
 	}
-	hs, drop := c.pinVictims(n)
+	hs, drop, places := c.pinVictims(n)
 	moved := 0
 	for _, hd := range hs[:drop] {
 		if dropped, _ := c.Host.Unpin(hd, true); dropped {
@@ -1021,6 +1066,24 @@ func (c *Chain) demoteBatch(n int) int {
 		}
 	}
 	var demoted atomic.Int64
+	// Victims that stay are handed back to the policy after the writes,
+	// in the reverse of the order it chose them: a parent (chosen after
+	// its child, once that left the policy) goes back first, so that its
+	// child goes back below it.
+	var backMu sync.Mutex
+	back := map[*Handle]bool{}
+	stays := func(hd *Handle) {
+		backMu.Lock()
+		back[hd] = true
+		backMu.Unlock()
+	}
+	defer func() {
+		for i := len(hs) - 1; i >= drop; i-- {
+			if back[hs[i]] {
+				c.handBack(hs[i].Key, places)
+			}
+		}
+	}()
 	eachWriter(hs[drop:], func(run []*Handle) {
 		var ok []bool
 		var took []time.Duration
@@ -1036,13 +1099,13 @@ func (c *Chain) demoteBatch(n int) int {
 					demoted.Add(1) // left the host tier
 					c.oversizeDrops.Add(1)
 				} else if c.Host.Contains(hd.Key) {
-					c.Inserted(hd.Key, policy.AccessInfo{}) // leased meanwhile
+					stays(hd) // leased meanwhile
 				}
 				continue
 			}
 			if !ok[i] {
 				c.Host.Unpin(hd, false)
-				c.Inserted(hd.Key, policy.AccessInfo{}) // still resident: track it again
+				stays(hd) // still resident: track it again
 				continue
 			}
 			if dropped, _ := c.Host.Unpin(hd, true); dropped {
@@ -1052,7 +1115,7 @@ func (c *Chain) demoteBatch(n int) int {
 				c.swapOutNanos.Add(uint64(took[i]))
 			} else if c.Host.Contains(hd.Key) {
 				// Leased meanwhile: it stays, so the policy must track it again.
-				c.Inserted(hd.Key, policy.AccessInfo{})
+				stays(hd)
 			}
 		}
 	})

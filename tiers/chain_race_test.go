@@ -372,7 +372,7 @@ func TestRefusedLeasedStaysTracked(t *testing.T) {
 		t.Fatal("acquire")
 	}
 	c.demoteMu.Lock()
-	hs, drop := c.pinVictims(1) // pops the refused block, cannot pin it; takes head instead
+	hs, drop, _ := c.pinVictims(1) // pops the refused block, cannot pin it; takes head instead
 	c.demoteMu.Unlock()
 	for _, hd := range hs {
 		h.Unpin(hd, false)

@@ -250,6 +250,7 @@ func runBench(cmd *cobra.Command, g *globals, o benchOpts) error {
 	if err != nil {
 		return err
 	}
+	stAt := time.Now()
 	host := hostTier(st)
 	if host == nil {
 		return errors.New("bench: the daemon reports no host tier")
@@ -349,8 +350,13 @@ func runBench(cmd *cobra.Command, g *globals, o benchOpts) error {
 	sctx, scancel := g.ctx(ctx)
 	defer scancel()
 	if st2, err := c.Stats(sctx); err == nil {
+		if !sameDaemon(st, st2, time.Since(stAt)) {
+			// Restarted during the run (under the same pid, too: PID 1 of
+			// a container): the new daemon's evictions are all the run's.
+			evBefore = 0
+		}
 		if h := hostTier(st2); h != nil {
-			res.Evictions = delta(h.Evictions, evBefore) // 0 across a daemon restart, not a wrapped count
+			res.Evictions = delta(h.Evictions, evBefore)
 		}
 	}
 	if res.Memcpy != nil && res.Memcpy.GBPerSec > 0 {

@@ -21,6 +21,8 @@ func helperMain(mode string) int {
 		return putNoClose(os.Getenv("KVTIER_NVME_DIR"))
 	case "openstat":
 		return openStat(os.Getenv("KVTIER_NVME_DIR"))
+	case "opendamaged":
+		return openDamaged(os.Getenv("KVTIER_NVME_DIR"))
 	case "deleteall":
 		return deleteAll(os.Getenv("KVTIER_NVME_DIR"), os.Getenv("KVTIER_NVME_OP"), os.Getenv("KVTIER_NVME_FILLER"))
 	}

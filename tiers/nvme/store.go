@@ -414,7 +414,11 @@ func (s *Store) openDB(dir string) (db *badger.DB, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	return badger.Open(badgerOptions(dir, s.opts, s.log))
+	bo := badgerOptions(dir, s.opts, s.log)
+	if err := checkTables(dir, bo); err != nil {
+		return nil, err
+	}
+	return badger.Open(bo)
 }
 
 // dropOldFormat empties a directory written by the format-1 store (blocks
