@@ -68,12 +68,18 @@ func (d *Daemon) openProbes() {
 		}
 		if d.nvme == nil {
 			d.log.Info("ebpf probe not needed: nvme tier off", "program", ebpf.ProgNVMeIO)
-		} else if dev, derr := ebpf.DiskOf(filepath.Join(d.cfg.StateDir, "nvme")); derr != nil {
+		} else if devs, derr := ebpf.DisksOf(filepath.Join(d.cfg.StateDir, "nvme")); derr != nil {
 			unavailable(ebpf.ProgNVMeIO, "no nvme I/O latency histogram", derr)
-		} else if p.io, err = ebpf.OpenIOLatency(ebpfEnv, dev); err != nil {
+		} else if p.io, err = ebpf.OpenIOLatency(ebpfEnv, devs); err != nil {
 			unavailable(ebpf.ProgNVMeIO, "no nvme I/O latency histogram", err)
 		} else {
-			d.log.Info("ebpf probe loaded", "program", ebpf.ProgNVMeIO, "device", dev.String())
+			// The disks under a device-mapper, LVM or md volume, or the
+			// one disk that holds the state dir.
+			names := make([]string, len(devs))
+			for i, dev := range devs {
+				names[i] = dev.String()
+			}
+			d.log.Info("ebpf probe loaded", "program", ebpf.ProgNVMeIO, "disks", names)
 		}
 		if p.vmscan, err = ebpf.OpenReclaimProbe(ebpfEnv); err != nil {
 			unavailable(ebpf.ProgVmscan, "PSI "+ebpf.DefaultPSIPath, err)

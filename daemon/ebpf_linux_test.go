@@ -340,6 +340,8 @@ func TestEBPFUnprivileged(t *testing.T) {
 			t.Fatalf("eBPF state as uid %d with CAP_BPF+CAP_PERFMON, want %q:\n%s", bpfcaps.UID, want, s)
 		}
 		t.Log("nvme_io off: the state dir is not on a block device")
+	} else if !strings.Contains(s, "program="+ebpf.ProgNVMeIO+" disks=") {
+		t.Errorf("the daemon did not log the disks nvme_io watches:\n%s", s)
 	}
 	if !strings.Contains(s, "EXIT freed=true") {
 		t.Errorf("a killed client's slots were not freed by the exit probe:\n%s", s)

@@ -7,8 +7,9 @@
 //     sessions at once, even when a forked child still holds the socket
 //     (whose EOF stays the fallback).
 //   - IOLatency (block_rq_issue, block_rq_complete): a log2
-//     histogram per operation of the I/O latency of the disk behind the
-//     NVMe tier, aggregated in the kernel and exported by IOCollector as
+//     histogram per operation of the I/O latency of the disks behind the
+//     NVMe tier (DisksOf: the disk, or those under a device-mapper, LVM
+//     or md volume), aggregated in the kernel and exported by IOCollector as
 //     kvtier_nvme_io_latency_seconds{op}.
 //   - ReclaimProbe (mm_vmscan_direct_reclaim_begin/end): direct
 //     reclaim stalls and their total duration, the host memory pressure

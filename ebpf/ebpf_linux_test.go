@@ -80,9 +80,9 @@ func TestExitTracer(t *testing.T) {
 func TestIOLatency(t *testing.T) {
 	requireBPF(t)
 	dir := t.TempDir()
-	dev, err := DiskOf(dir)
+	dev, err := DisksOf(dir)
 	skipUnavailable(t, err)
-	t.Logf("%s is on %s", dir, dev)
+	t.Logf("%s is on %v", dir, dev)
 	l, err := OpenIOLatency(Env{}, dev)
 	skipUnavailable(t, err)
 	defer l.Close()
@@ -96,7 +96,7 @@ func TestIOLatency(t *testing.T) {
 		count, sum, _ := h.Cumulative()
 		t.Logf("%s: %d requests, mean %v", name, count, time.Duration(sum/float64(max(count, 1))*1e9))
 		if count < 1 {
-			t.Errorf("no %s requests seen on %s", name, dev)
+			t.Errorf("no %s requests seen on %v", name, dev)
 		}
 	}
 }
@@ -105,8 +105,13 @@ func TestIOLatency(t *testing.T) {
 // reaches the disk for sure. It skips t where O_DIRECT is unsupported.
 func directIO(t *testing.T, dir string) {
 	t.Helper()
-	path := filepath.Join(dir, "f")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_DIRECT, 0o600)
+	directIOAt(t, filepath.Join(dir, "f"), os.O_CREATE)
+}
+
+// directIOAt is directIO on path (a file, or a block device with flag 0).
+func directIOAt(t *testing.T, path string, flag int) {
+	t.Helper()
+	f, err := os.OpenFile(path, flag|os.O_RDWR|unix.O_DIRECT, 0o600)
 	if err != nil {
 		t.Skipf("O_DIRECT unsupported here: %v", err)
 	}
@@ -150,7 +155,7 @@ func TestMissingFeatures(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err1 := OpenExitTracer(env)
-			_, err2 := OpenIOLatency(env, Device{Major: 254})
+			_, err2 := OpenIOLatency(env, []Device{{Major: 254}})
 			_, err3 := OpenReclaimProbe(env)
 			for _, err := range []error{err1, err2, err3} {
 				if !errors.Is(err, ErrUnavailable) {
@@ -162,8 +167,8 @@ func TestMissingFeatures(t *testing.T) {
 	}
 }
 
-func TestDiskOfNotBlock(t *testing.T) {
-	if _, err := DiskOf("/proc"); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("DiskOf(/proc) = %v, want ErrUnavailable", err)
+func TestDisksOfNotBlock(t *testing.T) {
+	if _, err := DisksOf("/proc"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("DisksOf(/proc) = %v, want ErrUnavailable", err)
 	}
 }

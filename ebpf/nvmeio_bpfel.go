@@ -33,10 +33,10 @@ type nvmeioRqKey struct {
 const (
 	nvmeioMapHists           = "hists"
 	nvmeioMapStart           = "start"
+	nvmeioMapTargets         = "targets"
 	nvmeioProgHandleComplete = "handle_complete"
 	nvmeioProgHandleIssue    = "handle_issue"
 	nvmeioVarIssueHasQueue   = "issue_has_queue"
-	nvmeioVarTargetDev       = "target_dev"
 )
 
 // loadNvmeio returns the embedded CollectionSpec for nvmeio.
@@ -89,8 +89,9 @@ type nvmeioProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nvmeioMapSpecs struct {
-	Hists *ebpf.MapSpec `ebpf:"hists"`
-	Start *ebpf.MapSpec `ebpf:"start"`
+	Hists   *ebpf.MapSpec `ebpf:"hists"`
+	Start   *ebpf.MapSpec `ebpf:"start"`
+	Targets *ebpf.MapSpec `ebpf:"targets"`
 }
 
 // nvmeioVariableSpecs contains global variables before they are loaded into the kernel.
@@ -98,7 +99,6 @@ type nvmeioMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type nvmeioVariableSpecs struct {
 	IssueHasQueue *ebpf.VariableSpec `ebpf:"issue_has_queue"`
-	TargetDev     *ebpf.VariableSpec `ebpf:"target_dev"`
 }
 
 // nvmeioObjects contains all objects after they have been loaded into the kernel.
@@ -121,14 +121,16 @@ func (o *nvmeioObjects) Close() error {
 //
 // It can be passed to loadNvmeioObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nvmeioMaps struct {
-	Hists *ebpf.Map `ebpf:"hists"`
-	Start *ebpf.Map `ebpf:"start"`
+	Hists   *ebpf.Map `ebpf:"hists"`
+	Start   *ebpf.Map `ebpf:"start"`
+	Targets *ebpf.Map `ebpf:"targets"`
 }
 
 func (m *nvmeioMaps) Close() error {
 	return _NvmeioClose(
 		m.Hists,
 		m.Start,
+		m.Targets,
 	)
 }
 
@@ -137,7 +139,6 @@ func (m *nvmeioMaps) Close() error {
 // It can be passed to loadNvmeioObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nvmeioVariables struct {
 	IssueHasQueue *ebpf.Variable `ebpf:"issue_has_queue"`
-	TargetDev     *ebpf.Variable `ebpf:"target_dev"`
 }
 
 // nvmeioPrograms contains all programs after they have been loaded into the kernel.

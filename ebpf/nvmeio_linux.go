@@ -3,8 +3,10 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,12 +35,12 @@ type Histogram struct {
 	SumNs uint64
 }
 
-// IOLatency times the block requests of one disk.
+// IOLatency times the block requests of a set of disks.
 type IOLatency struct {
-	objs   nvmeioObjects
-	issue  link.Link
-	done   link.Link
-	Device Device
+	objs    nvmeioObjects
+	issue   link.Link
+	done    link.Link
+	Devices []Device
 }
 
 // Device is a disk as the block layer names it.
@@ -53,47 +55,127 @@ func (d Device) String() string { return fmt.Sprintf("%s (%d:%d)", d.Name, d.Maj
 // (MKDEV: major<<20 | minor), which is what the block tracepoints report.
 func (d Device) kernelDev() uint32 { return d.Major<<20 | d.Minor }
 
-// DiskOf returns the disk that backs the filesystem holding path: a
-// partition resolves to its whole disk, which the block layer reports.
-// Filesystems with no block device of their own (tmpfs, overlay, NFS)
-// fail with ErrUnavailable.
-func DiskOf(path string) (Device, error) {
+// MaxDisks bounds the disks one IOLatency watches (the size of the BPF
+// program's set, struct targets in bpf/nvmeio.c).
+const MaxDisks = 16
+
+// maxStackNodes bounds the block devices DisksOf visits on its way down a
+// stack (device-mapper over md over partitions...).
+const maxStackNodes = 64
+
+// DisksOf returns the disks whose block requests serve the filesystem
+// holding path: the disk itself (a partition resolves to its whole disk,
+// which the block layer reports), or, for a stacked volume (device-mapper,
+// LVM, md RAID: bio-based, with no requests of their own), the whole disks
+// found by following sysfs's slaves links down the stack, deduplicated, in
+// sysfs order. Filesystems with no block device of their own (tmpfs,
+// overlay, NFS) and stacks over more than MaxDisks disks fail with
+// ErrUnavailable.
+func DisksOf(path string) ([]Device, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
-		return Device{}, err
+		return nil, err
 	}
-	maj, min := unix.Major(st.Dev), unix.Minor(st.Dev)
-	sys := fmt.Sprintf("/sys/dev/block/%d:%d", maj, min)
-	real, err := filepath.EvalSymlinks(sys)
+	devs, err := disksOf("/sys", unix.Major(st.Dev), unix.Minor(st.Dev))
 	if err != nil {
-		return Device{}, fmt.Errorf("%w: %s is on device %d:%d, which is not a block device (%v)", ErrUnavailable, path, maj, min, err)
+		return nil, fmt.Errorf("disks of %s: %w", path, err)
 	}
-	if _, err := os.Stat(filepath.Join(real, "partition")); err == nil {
-		real = filepath.Dir(real) // .../block/vda/vda1 → .../block/vda
-	}
-	b, err := os.ReadFile(filepath.Join(real, "dev"))
+	return devs, nil
+}
+
+// disksOf resolves the block device maj:min to the whole disks under it in
+// the sysfs tree at sysfs (a parameter for tests).
+func disksOf(sysfs string, maj, min uint32) ([]Device, error) {
+	link := filepath.Join(sysfs, "dev", "block", fmt.Sprintf("%d:%d", maj, min))
+	node, err := filepath.EvalSymlinks(link)
 	if err != nil {
-		return Device{}, err
+		return nil, fmt.Errorf("%w: device %d:%d is not a block device (%v)", ErrUnavailable, maj, min, err)
+	}
+	r := stackResolver{state: map[string]int{}, seen: map[Device]bool{}}
+	if err := r.visit(node); err != nil {
+		return nil, err
+	}
+	return r.disks, nil
+}
+
+type stackResolver struct {
+	state map[string]int // node → visiting (1) or done (2)
+	seen  map[Device]bool
+	disks []Device
+}
+
+// visit adds the whole disks under node, a block device's sysfs directory
+// with its symlinks resolved.
+func (r *stackResolver) visit(node string) error {
+	if _, err := os.Stat(filepath.Join(node, "partition")); err == nil {
+		node = filepath.Dir(node) // .../block/vda/vda1 → .../block/vda
+	}
+	switch r.state[node] {
+	case 1:
+		return fmt.Errorf("%w: block device stack has a cycle through %s", ErrUnavailable, node)
+	case 2:
+		return nil // reached twice (a diamond): its disks are in already
+	}
+	if len(r.state) >= maxStackNodes {
+		return fmt.Errorf("%w: block device stack has more than %d devices", ErrUnavailable, maxStackNodes)
+	}
+	r.state[node] = 1
+	slaves, err := os.ReadDir(filepath.Join(node, "slaves"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("read %s/slaves: %w", node, err)
+	}
+	if len(slaves) == 0 {
+		dev, err := readDevice(node)
+		if err != nil {
+			return err
+		}
+		if !r.seen[dev] {
+			if len(r.disks) == MaxDisks {
+				return fmt.Errorf("%w: the volume spans more than %d disks, more than the probe watches", ErrUnavailable, MaxDisks)
+			}
+			r.seen[dev] = true
+			r.disks = append(r.disks, dev)
+		}
+	}
+	for _, s := range slaves {
+		below, err := filepath.EvalSymlinks(filepath.Join(node, "slaves", s.Name()))
+		if err != nil {
+			return fmt.Errorf("resolve %s/slaves/%s: %w", node, s.Name(), err)
+		}
+		if err := r.visit(below); err != nil {
+			return err
+		}
+	}
+	r.state[node] = 2
+	return nil
+}
+
+// readDevice reads a whole disk's number from its sysfs directory.
+func readDevice(node string) (Device, error) {
+	b, err := os.ReadFile(filepath.Join(node, "dev"))
+	if err != nil {
+		return Device{}, fmt.Errorf("read device number: %w", err)
 	}
 	a, c, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
 	ma, err1 := strconv.ParseUint(a, 10, 32)
 	mi, err2 := strconv.ParseUint(c, 10, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return Device{}, fmt.Errorf("parse %s/dev: %q", real, b)
+	if !ok || err1 != nil || err2 != nil || ma >= 1<<12 || mi >= 1<<20 {
+		return Device{}, fmt.Errorf("parse %s/dev: %q", node, b)
 	}
-	return Device{Major: uint32(ma), Minor: uint32(mi), Name: filepath.Base(real)}, nil
+	return Device{Major: uint32(ma), Minor: uint32(mi), Name: filepath.Base(node)}, nil
 }
 
-// OpenIOLatency loads the block request programs for dev and attaches them.
-func OpenIOLatency(env Env, dev Device) (*IOLatency, error) {
+// OpenIOLatency loads the block request programs for devs (1 to MaxDisks
+// disks, as DisksOf returns them) and attaches them.
+func OpenIOLatency(env Env, devs []Device) (*IOLatency, error) {
+	if len(devs) == 0 || len(devs) > MaxDisks {
+		return nil, fmt.Errorf("open nvme_io: %d disks, want 1 to %d", len(devs), MaxDisks)
+	}
 	if err := env.prepare(); err != nil {
 		return nil, err
 	}
 	spec, err := loadNvmeio()
 	if err != nil {
-		return nil, err
-	}
-	if err := spec.Variables[nvmeioVarTargetDev].Set(dev.kernelDev()); err != nil {
 		return nil, err
 	}
 	hasQueue, err := issueHasQueue()
@@ -103,9 +185,17 @@ func OpenIOLatency(env Env, dev Device) (*IOLatency, error) {
 	if err := spec.Variables[nvmeioVarIssueHasQueue].Set(hasQueue); err != nil {
 		return nil, err
 	}
-	l := &IOLatency{Device: dev}
+	l := &IOLatency{Devices: slices.Clone(devs)}
 	if err := spec.LoadAndAssign(&l.objs, nil); err != nil {
 		return nil, classify("load nvme_io programs", err)
+	}
+	// The set is filled before the programs attach: they see every disk
+	// from their first request.
+	for _, d := range devs {
+		if err := l.objs.Targets.Put(d.kernelDev(), uint8(1)); err != nil {
+			l.objs.Close()
+			return nil, fmt.Errorf("watch %s: %w", d, err)
+		}
 	}
 	if l.issue, err = attach("block_rq_issue", l.objs.HandleIssue); err != nil {
 		l.objs.Close()

@@ -53,16 +53,19 @@ type Device struct {
 
 func (d Device) String() string { return fmt.Sprintf("%s (%d:%d)", d.Name, d.Major, d.Minor) }
 
-// DiskOf fails: eBPF needs Linux.
-func DiskOf(string) (Device, error) { return Device{}, errOS }
+// MaxDisks bounds the disks one IOLatency watches.
+const MaxDisks = 16
+
+// DisksOf fails: eBPF needs Linux.
+func DisksOf(string) ([]Device, error) { return nil, errOS }
 
 // IOLatency is Linux-only.
-type IOLatency struct{ Device Device }
+type IOLatency struct{ Devices []Device }
 
 // OpenIOLatency fails: eBPF needs Linux.
-func OpenIOLatency(Env, Device) (*IOLatency, error) { return nil, errOS }
-func (*IOLatency) Read(int) (Histogram, error)      { return Histogram{}, errOS }
-func (*IOLatency) Close() error                     { return nil }
+func OpenIOLatency(Env, []Device) (*IOLatency, error) { return nil, errOS }
+func (*IOLatency) Read(int) (Histogram, error)        { return Histogram{}, errOS }
+func (*IOLatency) Close() error                       { return nil }
 
 // ReclaimStats counts direct-reclaim stalls.
 type ReclaimStats struct {

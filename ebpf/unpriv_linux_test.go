@@ -99,7 +99,7 @@ func TestUnprivilegedHelper(t *testing.T) {
 
 	t.Run("nvme_io", func(t *testing.T) {
 		dir := t.TempDir()
-		dev, err := DiskOf(dir)
+		dev, err := DisksOf(dir)
 		skipUnavailable(t, err)
 		l, err := OpenIOLatency(Env{}, dev)
 		if err != nil {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-// NVMe tier I/O latency: block requests of one device (the disk that backs
-// the state dir) timed from issue to completion, aggregated in the kernel
-// into a log2 histogram per operation (0 read, 1 write).
+// NVMe tier I/O latency: block requests of a set of disks (those that serve
+// the state dir's volume: the disk itself, or the disks under a
+// device-mapper, LVM or md stack) timed from issue to completion, aggregated
+// in the kernel into a log2 histogram per operation (0 read, 1 write).
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
@@ -9,9 +10,6 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-// The device as the block layer reports it (kernel dev_t: major<<20|minor),
-// set by the loader.
-volatile const __u32 target_dev = 0;
 
 // Whether block_rq_issue still takes the request queue before the request
 // (TP_PROTO(q, rq) until 5.11, (rq) since); set by the loader from the
@@ -25,6 +23,16 @@ struct hist {
 	__u64 count;
 	__u64 sum_ns;
 };
+
+// The disks watched, as the block layer reports them (kernel dev_t:
+// major<<20|minor); filled by the loader before it attaches the programs.
+// Bounded by MaxDisks on the Go side.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16);
+	__type(key, __u32);
+	__type(value, __u8);
+} targets SEC(".maps");
 
 struct rq_key {
 	__u64 sector;
@@ -108,10 +116,11 @@ int handle_issue(__u64 *ctx)
 		rq = (struct request *)ctx[0];
 		barrier_var(rq);
 	}
-	if (dev_of(rq) != target_dev)
+	__u32 dev = dev_of(rq);
+	if (!bpf_map_lookup_elem(&targets, &dev))
 		return 0;
 	// Every op is timed; complete counts reads and writes only.
-	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = target_dev};
+	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = dev};
 	__u64 ts = bpf_ktime_get_ns();
 	bpf_map_update_elem(&start, &k, &ts, BPF_ANY);
 	return 0;
@@ -120,9 +129,10 @@ int handle_issue(__u64 *ctx)
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(handle_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
 {
-	if (dev_of(rq) != target_dev)
+	__u32 dev = dev_of(rq);
+	if (!bpf_map_lookup_elem(&targets, &dev))
 		return 0;
-	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = target_dev};
+	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = dev};
 	__u64 *tsp = bpf_map_lookup_elem(&start, &k);
 	if (!tsp)
 		return 0;
