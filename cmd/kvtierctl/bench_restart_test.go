@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
-	"time"
 
 	"github.com/kvtier/kvtier/client"
 )
@@ -44,70 +42,20 @@ func TestBenchAcrossSamePIDRestart(t *testing.T) {
 }
 
 // benchAcrossSamePIDRestart benches (mix over a key space of 16× the host
-// tier, in blocks of 1 MiB: it evicts after 16 puts) against daemon A, which evicted evA blocks before the run and
-// restarts in-process as daemon B once the bench opened its session; B
-// evicts evB blocks, all during the run.
+// tier, in blocks of 1 MiB: it evicts after 16 puts) against daemon A, which
+// evicted evA blocks before the run and restarts in-process as daemon B
+// once the bench opened its session (it then measures memcpy for a second
+// before its first op); B evicts evB blocks, all during the run.
 func benchAcrossSamePIDRestart(t *testing.T) (res benchResult, evA, evB uint64, err error) {
 	t.Helper()
-	dir := t.TempDir()
-	sock, stopA := restartableDaemon(t, dir, 16)
-	// 400 blocks of 64 KiB into 16 MiB: daemon A evicts 144 of them.
-	putBlocks(t, sock, 9, 400)
-	c, err := client.Dial(context.Background(), client.Options{Socket: sock, Name: "kvtierctl-test"})
+	out, evA, evB, err := acrossSamePIDRestart(t, 9, []string{"bench", "--mode", "mix", "--keys", "256", "--block-size", "1MiB",
+		"--duration", "300ms", "--warmup", "0s"},
+		"bench session", func(a, now *client.Stats) bool { return now.SessionsTotal > a.SessionsTotal })
 	if err != nil {
-		t.Fatal(err)
+		return res, evA, 0, err
 	}
-	defer c.Close()
-	waitStats := func(what string, ok func(*client.Stats) bool) *client.Stats {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if st, err := c.Stats(context.Background()); err == nil && ok(st) {
-				return st
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no %s within 10s", what)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, out)
 	}
-	// A restart is told by the daemon's start time (now - uptime): let A
-	// run long enough that B's differs clearly.
-	stA := waitStats("uptime of 1.2s", func(st *client.Stats) bool { return st.UptimeSeconds >= 1.2 })
-	evA, sessions := hostTier(stA).Evictions, stA.SessionsTotal
-	if evA == 0 {
-		t.Fatal("daemon A evicted nothing")
-	}
-	type result struct {
-		out string
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		out, _, err := runCtx(context.Background(), "bench", "--json", "--socket", sock, "--mode", "mix",
-			"--keys", "256", "--block-size", "1MiB", "--duration", "300ms", "--warmup", "0s")
-		done <- result{out, err}
-	}()
-	// The bench read A's counters and opened its session: it now measures
-	// memcpy for a second before its first op.
-	waitStats("bench session", func(st *client.Stats) bool { return st.SessionsTotal > sessions })
-	c.Close()
-	stopA()
-	sock2, _ := restartableDaemon(t, dir, 16) // the daemon restarts on the same socket, in the same process
-	r := <-done
-	if r.err != nil {
-		return res, evA, 0, r.err
-	}
-	if err := json.Unmarshal([]byte(r.out), &res); err != nil {
-		t.Fatalf("bench --json: %v\n%s", err, r.out)
-	}
-	st, _, err := runCtx(context.Background(), "status", "--json", "--socket", sock2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stB client.Stats
-	if err := json.Unmarshal([]byte(st), &stB); err != nil {
-		t.Fatal(err)
-	}
-	return res, evA, hostTier(&stB).Evictions, nil
+	return res, evA, evB, nil
 }

@@ -411,10 +411,39 @@ func TestReplayAcrossSamePIDRestart(t *testing.T) {
 // B, which evicts evB blocks, all during the run.
 func replayAcrossSamePIDRestart(t *testing.T) (res replayResult, evA, evB uint64, err error) {
 	t.Helper()
+	// Request 2 (1,500 blocks of 16 KiB, 23 MiB) overflows daemon B's host
+	// tier.
+	ids := make([]int64, 1500)
+	for i := range ids {
+		ids[i] = int64(i + 2)
+	}
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 512, HashIDs: []int64{1}},
+		{Timestamp: 2000, InputLength: len(ids) * trace.BlockTokens, HashIDs: ids},
+	}
+	path := writeTrace(t, reqs)
+	out, evA, evB, err := acrossSamePIDRestart(t, 7, []string{"replay", "--block-size", "16KiB", "--fresh", "--speed", "1", path},
+		"commit of request 1", func(a, now *client.Stats) bool { return now.Ops["commit"] > a.Ops["commit"] })
+	if err != nil {
+		return res, evA, 0, err
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("replay --json: %v\n%s", err, out)
+	}
+	return res, evA, evB, nil
+}
+
+// acrossSamePIDRestart runs kvtierctl args (the subcommand first; --json
+// and --socket are added) against daemon A, which evicted evA blocks of
+// namespace ns before. Once started(A's stats before, now) says the command
+// is under way, A stops and restarts in-process as daemon B on the same
+// socket (same pid). It returns the command's output and B's evictions.
+func acrossSamePIDRestart(t *testing.T, ns uint32, args []string, what string, started func(a, now *client.Stats) bool) (out string, evA, evB uint64, err error) {
+	t.Helper()
 	dir := t.TempDir()
 	sock, stopA := restartableDaemon(t, dir, 16)
 	// 400 blocks of 64 KiB into 16 MiB: daemon A evicts 144 of them.
-	putBlocks(t, sock, 7, 400)
+	putBlocks(t, sock, ns, 400)
 	c, err := client.Dial(context.Background(), client.Options{Socket: sock, Name: "kvtierctl-test"})
 	if err != nil {
 		t.Fatal(err)
@@ -430,48 +459,32 @@ func replayAcrossSamePIDRestart(t *testing.T) (res replayResult, evA, evB uint64
 			if time.Now().After(deadline) {
 				t.Fatalf("no %s within 10s", what)
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond)
 		}
 	}
 	// A restart is told by the daemon's start time (now - uptime): let A
 	// run long enough that B's differs clearly.
 	stA := waitStats("uptime of 1.2s", func(st *client.Stats) bool { return st.UptimeSeconds >= 1.2 })
-	evA, commits := hostTier(stA).Evictions, stA.Ops["commit"]
-	if evA == 0 {
+	if evA = hostTier(stA).Evictions; evA == 0 {
 		t.Fatal("daemon A evicted nothing")
 	}
-
-	// Request 2 (1,500 blocks of 16 KiB, 23 MiB) overflows daemon B's host
-	// tier.
-	ids := make([]int64, 1500)
-	for i := range ids {
-		ids[i] = int64(i + 2)
-	}
-	reqs := []trace.Request{
-		{Timestamp: 0, InputLength: 512, HashIDs: []int64{1}},
-		{Timestamp: 2000, InputLength: len(ids) * trace.BlockTokens, HashIDs: ids},
-	}
-	path := writeTrace(t, reqs)
 	type result struct {
 		out string
 		err error
 	}
 	done := make(chan result, 1)
+	full := append([]string{args[0], "--json", "--socket", sock}, args[1:]...)
 	go func() {
-		out, _, err := runCtx(context.Background(), "replay", "--json", "--socket", sock, "--block-size", "16KiB",
-			"--fresh", "--speed", "1", path)
+		out, _, err := runCtx(context.Background(), full...)
 		done <- result{out, err}
 	}()
-	waitStats("commit of request 1", func(st *client.Stats) bool { return st.Ops["commit"] > commits })
+	waitStats(what, func(st *client.Stats) bool { return started(stA, st) })
 	c.Close()
 	stopA()
 	sock2, _ := restartableDaemon(t, dir, 16) // the daemon restarts on the same socket, in the same process
 	r := <-done
 	if r.err != nil {
-		return res, evA, 0, r.err
-	}
-	if err := json.Unmarshal([]byte(r.out), &res); err != nil {
-		t.Fatalf("replay --json: %v\n%s", err, r.out)
+		return "", evA, 0, r.err
 	}
 	st, _, err := runCtx(context.Background(), "status", "--json", "--socket", sock2)
 	if err != nil {
@@ -481,5 +494,5 @@ func replayAcrossSamePIDRestart(t *testing.T) (res replayResult, evA, evB uint64
 	if err := json.Unmarshal([]byte(st), &stB); err != nil {
 		t.Fatal(err)
 	}
-	return res, evA, hostTier(&stB).Evictions, nil
+	return r.out, evA, hostTier(&stB).Evictions, nil
 }
