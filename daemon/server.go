@@ -305,10 +305,18 @@ func listen(runtimeDir, path string) (*net.UnixListener, error) {
 		if fi.Mode().Type() != fs.ModeSocket {
 			return nil, fmt.Errorf("socket path %s exists and is not a socket (%s); refusing to replace it", path, fi.Mode().Type())
 		}
+		// Only a refused connection says nobody listens: a socket of
+		// another type (EPROTOTYPE) is some other program's, live, and a
+		// full backlog (EAGAIN) a busy daemon's.
 		c, derr := net.DialTimeout("unixpacket", path, time.Second)
-		if derr == nil {
+		switch {
+		case derr == nil:
 			c.Close()
 			return nil, fmt.Errorf("another kvtierd is serving %s", path)
+		case errors.Is(derr, unix.EPROTOTYPE):
+			return nil, fmt.Errorf("socket path %s is in use by a socket of another type (not a kvtierd's); refusing to replace it", path)
+		case !errors.Is(derr, unix.ECONNREFUSED):
+			return nil, fmt.Errorf("socket path %s may be in use (connecting to it failed: %v); refusing to replace it", path, derr)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
