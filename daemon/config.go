@@ -340,10 +340,29 @@ func (e env) load(path string, override func(*Config)) (Config, error) {
 	if e.derive(&c) && e.HostSlab != 0 {
 		capSlab = e.HostSlab // the running arena's, which this capacity sizes
 	}
-	if err := c.validate(capSlab); err != nil {
+	err := c.validate(capSlab)
+	if e.HostCapacity == 0 && !c.Host.CapacityAuto {
+		// At start only: a reload caps host.capacity at the arena.
+		err = errors.Join(err, e.checkMemory(c.Host.Capacity))
+	}
+	if err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// checkMemory refuses a host.capacity the machine's memory (clamped to the
+// cgroup limit) could never back: the arena's pages are memory the daemon
+// holds, and the background prefault alone would fault them in until the
+// OOM killer ended kvtierd.
+func (e env) checkMemory(capacity ByteSize) error {
+	m, err := e.MemInfo()
+	if err != nil || m.Total == 0 || uint64(capacity) <= m.Total {
+		return nil
+	}
+	return &FieldError{Field: "host.capacity", Msg: fmt.Sprintf(
+		"%v is more than the machine's memory (%s, or the cgroup's memory limit); the arena could never be backed",
+		capacity, humanize.IBytes(m.Total))}
 }
 
 func decodeFile(path string, c *Config) error {

@@ -424,3 +424,39 @@ func TestConfigTieringValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigCapacityOverMemory: an explicit host.capacity larger than the
+// machine's memory (or the cgroup's limit) is refused at start with the
+// field named: the arena could never be backed, and the background prefault
+// (on by default) faulted it in until the OOM killer ended kvtierd, which
+// systemd then restarted into the same end. A reload is not refused: there a
+// capacity above the arena is capped at it.
+func TestConfigCapacityOverMemory(t *testing.T) {
+	mem := memInfo{Total: 16 * GiB, Available: 12 * GiB}
+	big := writeTOML(t, "[host]\ncapacity = \"32GiB\"\n")
+	for _, tt := range []struct {
+		name   string
+		args   []string
+		reload bool
+		err    string
+	}{
+		{"flag", []string{"-host-capacity", "1TiB"}, false, "host.capacity (flag -host-capacity)"},
+		{"file", []string{"-config", big}, false, "host.capacity"},
+		{"within memory", []string{"-host-capacity", "8GiB"}, false, ""},
+		{"reload", []string{"-config", big}, true, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := fakeEnv(0, nil, mem)
+			if tt.reload {
+				e.HostCapacity, e.HostSlab = 8*GiB, defaultSlabBytes
+			}
+			_, err := loadFromArgs(e, tt.args, io.Discard)
+			switch {
+			case tt.err == "" && err != nil:
+				t.Fatalf("err = %v", err)
+			case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), "memory")):
+				t.Fatalf("err = %v, want a refusal naming %q and the memory", err, tt.err)
+			}
+		})
+	}
+}

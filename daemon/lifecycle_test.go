@@ -285,6 +285,115 @@ func TestSocketPathNotASocket(t *testing.T) {
 	}
 }
 
+// TestSocketPathLiveStreamSocket: a socket path that names a socket
+// another program listens on with another type (a mistyped -socket naming,
+// say, a SOCK_STREAM service's socket) is refused and the socket left
+// alone. Its connect fails with EPROTOTYPE, not ECONNREFUSED, and it used
+// to be removed as stale: the other program lost its socket. A stale
+// socket (nobody listens) is still replaced.
+func TestSocketPathLiveStreamSocket(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		live    bool // a SOCK_STREAM listener holds it; else a stale socket
+		refused bool
+	}{
+		{"live stream socket", true, true},
+		{"stale socket", false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			if err := os.MkdirAll(cfg.RuntimeDir, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			cfg.Socket = filepath.Join(cfg.RuntimeDir, "other.sock")
+			ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.live {
+				defer ln.Close()
+			} else {
+				ln.SetUnlinkOnClose(false)
+				ln.Close() // the file stays, nobody listens
+			}
+			d, err := New(cfg, slog.New(slog.DiscardHandler))
+			if !tt.refused {
+				if err != nil {
+					t.Fatalf("New on a stale socket = %v", err)
+				}
+				d.closeResources()
+				return
+			}
+			if err == nil {
+				d.closeResources()
+				t.Fatal("New replaced the live socket of another program")
+			}
+			if !strings.Contains(err.Error(), "in use") {
+				t.Errorf("New = %v, want a refusal saying the socket is in use", err)
+			}
+			c, err := net.Dial("unix", cfg.Socket)
+			if err != nil {
+				t.Fatalf("the other program's socket no longer answers: %v", err)
+			}
+			c.Close()
+		})
+	}
+}
+
+// TestRuntimeDirOfAnotherUser: the socket's directory must be the
+// daemon's (or root's) and not writable by everyone, else its owner (or
+// anyone) can swap the socket for one of their own and be the daemon the
+// clients talk to (clients do not check the daemon's credentials): they
+// would read its blocks and hand it theirs. The embedded default for a user
+// without $XDG_RUNTIME_DIR is /tmp/kvtier-<uid>, a name any local user can
+// create first; kvtierd used to serve in such a directory.
+func TestRuntimeDirOfAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a directory owned by another user")
+	}
+	for _, tt := range []struct {
+		name    string
+		uid     int
+		mode    os.FileMode
+		refused string
+	}{
+		{"owned by another user", 4242, 0o777, "owned by uid 4242"},
+		{"writable by everyone", 0, 0o777, "writable by everyone"},
+		{"sticky, like /tmp", 0, 0o777 | os.ModeSticky, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			if err := os.Mkdir(cfg.RuntimeDir, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(cfg.RuntimeDir, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(cfg.RuntimeDir, tt.uid, tt.uid); err != nil {
+				t.Fatal(err)
+			}
+			d, err := New(cfg, slog.New(slog.DiscardHandler))
+			if tt.refused == "" {
+				if err != nil {
+					t.Fatalf("New = %v", err)
+				}
+				d.closeResources()
+				return
+			}
+			if err == nil {
+				d.closeResources()
+				t.Fatalf("New served in a runtime dir %s", tt.name)
+			}
+			if !strings.Contains(err.Error(), tt.refused) {
+				t.Errorf("New = %v, want a refusal saying %q", err, tt.refused)
+			}
+			if _, err := os.Lstat(cfg.Socket); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("socket created anyway: %v", err)
+			}
+		})
+	}
+}
+
 // TestReload applies a new configuration to a running daemon with a
 // session open: the level and watermarks change live, the fields that need
 // a restart are named in one warning, and the session keeps working.

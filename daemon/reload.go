@@ -158,7 +158,7 @@ func (d *Daemon) Reload(next Config) error {
 // ReloadFromArgs reads the configuration again as kvtierd started with args
 // (os.Args[1:]): defaults, the -config file as it is now, the same flags.
 // An unset host.capacity keeps running's (sizing it from free memory again
-// would count the daemon's own arena as used).
+// would count the daemon's own arena as used). See Daemon.ReloadFromArgs.
 func ReloadFromArgs(args []string, running Config) (Config, error) {
 	e := systemEnv()
 	e.HostCapacity, e.HostSlab = running.Host.Capacity, running.Host.SlabBytes
@@ -195,4 +195,12 @@ func walkConfig(a, b reflect.Value, prefix string, out *[]string) {
 			*out = append(*out, name)
 		}
 	}
+}
+
+// ReloadFromArgs is the package's ReloadFromArgs for this daemon: an unset
+// (or 0) host.capacity means the running arena's size, so a reload without
+// it undoes a smaller target an earlier reload set. (The target in effect,
+// d.Config()'s, would keep that target until a restart.)
+func (d *Daemon) ReloadFromArgs(args []string) (Config, error) {
+	return ReloadFromArgs(args, d.cfg) // d.cfg.Host: the arena's capacity and slab
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -273,6 +274,28 @@ func bindNVMeEpoch(stateDir, dir string, epoch uint64, newEpoch bool, log *slog.
 	return nil
 }
 
+// checkSocketDir refuses a socket directory another user controls: its
+// owner, or anyone when it is writable by all without the sticky bit,
+// could replace the socket with their own and be the daemon clients talk
+// to. The default for a user without $XDG_RUNTIME_DIR, /tmp/kvtier-<uid>,
+// is a name any local user can create first.
+func checkSocketDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("socket dir %s: %w", dir, err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		if euid := os.Geteuid(); int(st.Uid) != euid && st.Uid != 0 {
+			return fmt.Errorf("socket dir %s is owned by uid %d, not by kvtierd's uid %d or root: its owner could replace the socket; "+
+				"use a directory of your own (runtime_dir, socket, or $XDG_RUNTIME_DIR)", dir, st.Uid, euid)
+		}
+	}
+	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&os.ModeSticky == 0 {
+		return fmt.Errorf("socket dir %s is writable by everyone (mode %v) without the sticky bit: anyone could replace the socket", dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
 // lockFile takes an exclusive lock so that two daemons never share a state
 // dir.
 func lockFile(path string) (*os.File, error) {
@@ -299,16 +322,27 @@ func listen(runtimeDir, path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("create socket dir %s: %w", filepath.Dir(path), err)
 	}
+	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		// Only a socket can be stale: anything else there is a mistyped
 		// path, and removing it would destroy what it names.
 		if fi.Mode().Type() != fs.ModeSocket {
 			return nil, fmt.Errorf("socket path %s exists and is not a socket (%s); refusing to replace it", path, fi.Mode().Type())
 		}
+		// Only a refused connection says nobody listens: a socket of
+		// another type (EPROTOTYPE) is some other program's, live, and a
+		// full backlog (EAGAIN) a busy daemon's.
 		c, derr := net.DialTimeout("unixpacket", path, time.Second)
-		if derr == nil {
+		switch {
+		case derr == nil:
 			c.Close()
 			return nil, fmt.Errorf("another kvtierd is serving %s", path)
+		case errors.Is(derr, unix.EPROTOTYPE):
+			return nil, fmt.Errorf("socket path %s is in use by a socket of another type (not a kvtierd's); refusing to replace it", path)
+		case !errors.Is(derr, unix.ECONNREFUSED):
+			return nil, fmt.Errorf("socket path %s may be in use (connecting to it failed: %v); refusing to replace it", path, derr)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)

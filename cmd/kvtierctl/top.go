@@ -56,6 +56,9 @@ type topTier struct {
 	EvictPerSec  *float64 `json:"evictions_per_sec"`
 	// Since the daemon started.
 	HitRatioTotal float64 `json:"hit_ratio_total"`
+	// accessesTotal (hits and misses since the start) tells a tier not
+	// yet accessed ("-") from one that missed every access (0%).
+	accessesTotal uint64
 }
 
 type topMove struct {
@@ -144,7 +147,7 @@ func computeTopFrame(prev, cur *shm.Stats, dt time.Duration, at time.Time) topFr
 	for _, t := range cur.Tiers {
 		p := prevTiers[t.Name]
 		tt := topTier{Name: t.Name, CapacityBytes: t.CapacityBytes, UsedBytes: t.UsedBytes,
-			Blocks: t.Blocks, Leased: t.Leased, HitRatioTotal: t.HitRatio}
+			Blocks: t.Blocks, Leased: t.Leased, HitRatioTotal: t.HitRatio, accessesTotal: t.Hits + t.Misses}
 		if t.CapacityBytes > 0 {
 			tt.UsedShare = float64(t.UsedBytes) / float64(t.CapacityBytes)
 		}
@@ -217,10 +220,10 @@ func renderTopFrame(w io.Writer, f topFrame) error {
 		if t.HitRatio != nil {
 			hr = fmt.Sprintf("%.1f%%", 100**t.HitRatio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%.1f%%\t%s\t\n", t.Name,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", t.Name,
 			humanize.IBytes(uint64(max(t.CapacityBytes, 0))), humanize.IBytes(uint64(max(t.UsedBytes, 0))),
 			pct(float64(t.UsedBytes), float64(t.CapacityBytes)), t.Blocks, t.Leased,
-			perSec(t.HitsPerSec), perSec(t.MissesPerSec), hr, 100*t.HitRatioTotal, perSec(t.EvictPerSec))
+			perSec(t.HitsPerSec), perSec(t.MissesPerSec), hr, ratio(t.HitRatioTotal, t.accessesTotal), perSec(t.EvictPerSec))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

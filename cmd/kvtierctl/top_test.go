@@ -272,3 +272,34 @@ func TestComputeTopFrameSamePIDRestart(t *testing.T) {
 		t.Error("no rates between two samples of one daemon")
 	}
 }
+
+// TestTopHitRatioAllBeforeAccess: a tier nothing has been looked up in yet
+// shows "-" as its hit ratio since start, as status does; top printed
+// 0.0%, a tier missing every access.
+func TestTopHitRatioAllBeforeAccess(t *testing.T) {
+	cur := &shm.Stats{
+		Version: "v", PID: 42, UptimeSeconds: 12,
+		Tiers: []shm.TierStats{
+			{Name: "host", CapacityBytes: 1000, UsedBytes: 250},
+			{Name: "nvme", CapacityBytes: 4000, Hits: 3, Misses: 1, HitRatio: 0.75},
+		},
+	}
+	var buf bytes.Buffer
+	if err := renderTopFrame(&buf, computeTopFrame(nil, cur, 0, time.Unix(0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"host": "-", "nvme": "75.0%"}
+	for _, line := range strings.Split(buf.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || want[f[0]] == "" {
+			continue
+		}
+		if got := f[len(f)-2]; got != want[f[0]] { // HIT% ALL, before EVICT/s
+			t.Errorf("%s: HIT%% ALL %q, want %q in\n%s", f[0], got, want[f[0]], buf.String())
+		}
+		delete(want, f[0])
+	}
+	if len(want) > 0 {
+		t.Errorf("no rows for %v in\n%s", want, buf.String())
+	}
+}

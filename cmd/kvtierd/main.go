@@ -52,7 +52,7 @@ func main() {
 			case <-hup:
 			}
 			log.Info("SIGHUP: reloading configuration")
-			next, err := daemon.ReloadFromArgs(os.Args[1:], d.Config())
+			next, err := d.ReloadFromArgs(os.Args[1:])
 			if err != nil {
 				log.Error("configuration reload failed; keeping the running configuration", "err", err)
 				continue
