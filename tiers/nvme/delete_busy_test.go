@@ -247,3 +247,43 @@ func TestHiddenDeletesAreBounded(t *testing.T) {
 	}
 	waitNoHidden(t, s)
 }
+
+// TestStatsLeaveOutHiddenBlocks: a block Delete hid (its stripe busy) is
+// gone as far as callers know: Stats (the daemon's block and byte gauges
+// of the tier, kvtierctl status) no longer counts it, as Get, Contains
+// and Keys no longer see it.
+func TestStatsLeaveOutHiddenBlocks(t *testing.T) {
+	const size = 64 << 10
+	s := openT(t, t.TempDir(), 256<<20)
+	defer s.Close()
+	a := testKey(6, 0)
+	b := sameStripe(6, a)
+	for _, k := range []Key{a, b} {
+		if err := s.Put(k, payloadFor(k, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entered, release := blockAt(s, "put")
+	putDone := make(chan error, 1)
+	go func() { putDone <- s.Put(a, payloadFor(a, size)) }() // holds b's stripe
+	<-entered
+	if err := s.Delete(b); err != nil {
+		t.Fatal(err)
+	}
+	if hiddenLen(s) != 1 {
+		close(release)
+		t.Fatalf("%d hidden blocks, want b hidden", hiddenLen(s))
+	}
+	st := s.Stats()
+	close(release)
+	if err := <-putDone; err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks != 1 || st.Bytes != size {
+		t.Errorf("Stats after b's Delete returned: %d blocks, %d bytes; want 1 block, %d bytes (a only)", st.Blocks, st.Bytes, size)
+	}
+	waitNoHidden(t, s)
+	if st := s.Stats(); st.Blocks != 1 || st.Bytes != size {
+		t.Errorf("Stats after the deleter ran: %d blocks, %d bytes; want 1, %d", st.Blocks, st.Bytes, size)
+	}
+}

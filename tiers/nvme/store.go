@@ -82,8 +82,8 @@ const MinCapacity = 64 << 20
 
 // Stats is a snapshot of the store.
 type Stats struct {
-	Blocks          int   // blocks in the index
-	Bytes           int64 // logical bytes (payload sizes) in the index
+	Blocks          int   // blocks in the index (not counting those a Delete hid)
+	Bytes           int64 // logical bytes (payload sizes) of those blocks
 	DiskBytes       int64 // allocated bytes of the directory (LSM + value log + manifest/WAL), last measurement
 	Capacity        int64
 	LogicalLimit    int64 // current eviction threshold for logical bytes (+per-block overhead)
@@ -1481,6 +1481,13 @@ func (s *Store) Keys(fn func(k Key, size int64) bool) {
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit()}
+	for k := range s.hidden {
+		// Deleted as far as callers know (its deleter waits for a lock).
+		if i, ok := s.idx.get(k); ok {
+			st.Blocks--
+			st.Bytes -= s.idx.ents[i].size
+		}
+	}
 	s.mu.Unlock()
 	st.DiskBytes = s.diskMeasured.Load()
 	st.Capacity = s.capacity()
