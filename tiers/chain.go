@@ -421,11 +421,23 @@ func (c *Chain) queueRefused(k policy.Key) {
 	}
 }
 
+// polVictims are the blocks a demotion pass took out of the policy: each
+// one's place in its chain (places), the order the policy chose them in,
+// and those a reader held leased (still resident, not pinned).
+type polVictims struct {
+	places map[policy.Key]polPlace
+	order  []policy.Key
+	leased []policy.Key
+}
+
 // pinVictims pins up to n host blocks the policy wants demoted, falling
 // back to the host tier's LRU order when the policy has none (blocks it
-// did not admit, or state lost to dropped events). places holds the place
-// in its chain of each victim it took out of the policy, for handBack.
-func (c *Chain) pinVictims(n int) (out []*Handle, drop int, places map[policy.Key]polPlace) {
+// did not admit, or state lost to dropped events). pv holds the victims it
+// took out of the policy, for handBackAll: the leased ones among them go
+// back with the pass's other victims that stay, not one by one as met (the
+// next victim is often the parent of one just met, which would be gone
+// from the policy when its child went back).
+func (c *Chain) pinVictims(n int) (out []*Handle, drop int, pv polVictims) {
 	// Refused blocks first; they are dropped, not written down.
 	c.pmu.Lock()
 	var refused []policy.Key
@@ -472,21 +484,39 @@ func (c *Chain) pinVictims(n int) (out []*Handle, drop int, places map[policy.Ke
 		if !ok {
 			break
 		}
-		if places == nil {
-			places = map[policy.Key]polPlace{}
+		if pv.places == nil {
+			pv.places = map[policy.Key]polPlace{}
 		}
-		places[k] = place
+		pv.places[k] = place
+		pv.order = append(pv.order, k)
 		if hd, ok := c.Host.PinUnleased(fromPK(k)); ok {
 			out = append(out, hd)
 		} else if c.Host.Contains(fromPK(k)) {
 			// Leased right now: it is in use, so keep tracking it.
-			c.handBack(fromPK(k), places)
+			pv.leased = append(pv.leased, k)
 		}
 	}
 	if len(out) == 0 {
 		out = c.Host.PinColdest(n, nil)
 	}
-	return out, drop, places
+	return out, drop, pv
+}
+
+// handBackAll tells the policy that the victims in stay remain in the
+// host tier: those pinVictims took out of the policy in the reverse of
+// the order it chose them (a parent, chosen after its child once that left
+// the policy, goes back first, so that its child goes back below it), then
+// the others (victims of the host's LRU order).
+func (c *Chain) handBackAll(pv polVictims, stay map[policy.Key]bool) {
+	for i := len(pv.order) - 1; i >= 0; i-- {
+		if k := pv.order[i]; stay[k] {
+			delete(stay, k)
+			c.handBack(fromPK(k), pv.places)
+		}
+	}
+	for k := range stay {
+		c.handBack(fromPK(k), pv.places)
+	}
 }
 
 // handBack tells the policy that k, a demotion victim, stays in the host
@@ -1055,7 +1085,7 @@ func (c *Chain) demoteBatch(n int) int {
 	if monoNow() < c.diskFullUntil.Load() {
 		return 0
 	}
-	hs, drop, places := c.pinVictims(n)
+	hs, drop, pv := c.pinVictims(n)
 	moved := 0
 	for _, hd := range hs[:drop] {
 		if dropped, _ := c.Host.Unpin(hd, true); dropped {
@@ -1066,24 +1096,19 @@ func (c *Chain) demoteBatch(n int) int {
 		}
 	}
 	var demoted atomic.Int64
-	// Victims that stay are handed back to the policy after the writes,
-	// in the reverse of the order it chose them: a parent (chosen after
-	// its child, once that left the policy) goes back first, so that its
-	// child goes back below it.
+	// Victims that stay (and those a reader held leased) are handed back
+	// to the policy after the writes, parents first (handBackAll).
 	var backMu sync.Mutex
-	back := map[*Handle]bool{}
+	back := map[policy.Key]bool{}
+	for _, k := range pv.leased {
+		back[k] = true
+	}
 	stays := func(hd *Handle) {
 		backMu.Lock()
-		back[hd] = true
+		back[pk(hd.Key)] = true
 		backMu.Unlock()
 	}
-	defer func() {
-		for i := len(hs) - 1; i >= drop; i-- {
-			if back[hs[i]] {
-				c.handBack(hs[i].Key, places)
-			}
-		}
-	}()
+	defer func() { c.handBackAll(pv, back) }()
 	eachWriter(hs[drop:], func(run []*Handle) {
 		var ok []bool
 		var took []time.Duration

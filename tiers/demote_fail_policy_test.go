@@ -81,3 +81,81 @@ func TestFailedDemotionKeepsPlaceInPolicy(t *testing.T) {
 		})
 	}
 }
+
+// TestLeasedVictimsKeepPlaceInPolicy: demotion victims a reader holds
+// leases on (a reader leases a chain's blocks together) stay in the host
+// tier and keep their places in the chain-aware policy's prefix tree.
+// pinVictims handed each back as it met it, the tail first: applied after
+// its parent had left the policy as the next victim, the tail went back
+// as a parentless root and the parent, handed back next, as a leaf with a
+// resident child, the leaf-only rule broken.
+func TestLeasedVictimsKeepPlaceInPolicy(t *testing.T) {
+	for _, pol := range []string{"chain", "density"} {
+		t.Run(pol, func(t *testing.T) {
+			const bs, n = 64 << 10, 4
+			r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, noStart: true,
+				cfg: ChainConfig{Policy: pol}})
+			c, h := r.c, r.h
+			chain := make([]Key, n)
+			for i := range chain {
+				chain[i] = chainKey(92, uint64(i))
+				hd, err := c.Reserve(chain[i], bs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fillFor(h.Bytes(hd), chain[i])
+				if err := h.Commit(hd); err != nil {
+					t.Fatal(err)
+				}
+			}
+			drain := func() {
+				c.pmu.Lock()
+				defer c.pmu.Unlock()
+				for len(c.polCh) > 0 {
+					c.apply(<-c.polCh)
+				}
+			}
+			for i := range chain {
+				c.Inserted(chain[i], ChainInfo(chain, i, 1, 0))
+			}
+			drain()
+			var leases []*Handle
+			for _, k := range chain {
+				hd, ok := h.Acquire(k)
+				if !ok {
+					t.Fatalf("acquire %v", k)
+				}
+				leases = append(leases, hd)
+			}
+			c.demoteMu.Lock()
+			moved := c.demoteBatch(n)
+			c.demoteMu.Unlock()
+			if moved != 0 {
+				t.Fatalf("demoted %d leased blocks", moved)
+			}
+			for _, hd := range leases {
+				if err := h.Release(hd); err != nil {
+					t.Fatal(err)
+				}
+			}
+			drain()
+			c.pmu.Lock()
+			defer c.pmu.Unlock()
+			if got := c.pol.Len(); got != n {
+				t.Fatalf("policy tracks %d blocks after the pass, want %d", got, n)
+			}
+			c.pol.Access(pk(chain[n-1]), policy.AccessInfo{})
+			v, ok := c.pol.Victim()
+			if !ok || v != pk(chain[n-1]) {
+				got := -1
+				for i, k := range chain {
+					if pk(k) == v {
+						got = i
+					}
+				}
+				t.Fatalf("%s: after a pass over a leased chain, the next victim is block %d (ok %v), want the tail %d: the only leaf",
+					pol, got, ok, n-1)
+			}
+		})
+	}
+}

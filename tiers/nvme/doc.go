@@ -151,9 +151,10 @@
 // when the stripe or the gate is busy it hides the block at once (reads
 // and Keys no longer see it) and the store's deleter goroutine deletes it
 // when the lock is free, unless a Put of the key that began after the
-// Delete stored it again; Close deletes what is left. Such a deletion,
-// like one the filesystem had no room to log, is undone by a crash before
-// it is written (TestDeleteDoesNotWaitForAWrite). Two Puts write
+// Delete stored it again; Close deletes what is left. Such a Delete logs
+// the block's tombstone before it returns, as any Delete does, so a crash
+// does not undo it (TestHiddenDeleteSurvivesACrash); only one the
+// filesystem had no room to log is undone by a restart. Two Puts write
 // to two lanes (segments) at once; a segment is closed only under its
 // write lock, after reads in flight finish, and a Get that finds its
 // segment gone (relocated meanwhile) looks the record up again.

@@ -249,6 +249,9 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 		s.log.Warn("nvme: compaction append failed", "err", err)
 		return
 	}
+	if s.testHook != nil {
+		s.testHook("move")
+	}
 	old := rec.seg
 	rec.seg, rec.offset = seg, off
 	var rb [recordLen]byte
@@ -262,7 +265,20 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 	if i, ok := s.idx.get(k); ok {
 		s.idx.ents[i].seg = seg
 	}
+	_, hidden := s.hidden[k]
+	tw := s.tombs[k]
 	s.mu.Unlock()
+	if hidden {
+		// A Delete hid k while this held its stripe: its tombstone (Delete)
+		// may have landed before the record written above, which would
+		// bring the block back at a restart before the deleter runs.
+		if tw != nil {
+			<-tw.done
+		}
+		if s.deletionRoom() > 0 {
+			_ = s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) })
+		}
+	}
 	s.segs.commit(seg)
 	s.segs.release(old, rec.n, false)
 	s.writtenSince.Add(s.segs.recLen(rec.n))

@@ -82,8 +82,8 @@ const MinCapacity = 64 << 20
 
 // Stats is a snapshot of the store.
 type Stats struct {
-	Blocks          int   // blocks in the index
-	Bytes           int64 // logical bytes (payload sizes) in the index
+	Blocks          int   // blocks in the index (not counting those a Delete hid)
+	Bytes           int64 // logical bytes (payload sizes) of those blocks
 	DiskBytes       int64 // allocated bytes of the directory (LSM + value log + manifest/WAL), last measurement
 	Capacity        int64
 	LogicalLimit    int64 // current eviction threshold for logical bytes (+per-block overhead)
@@ -162,9 +162,20 @@ type Store struct {
 	hidden  map[Key]uint64
 	delSeq  uint64
 	delKick chan struct{}
+	// tombs: the hidden blocks whose Delete is writing their tombstone
+	// (under no lock: a process crash must not undo a Delete that
+	// returned). A Put that supersedes the Delete waits for it before its
+	// own commit (putChunk); a relocation that raced it writes it again
+	// (move).
+	tombs map[Key]*tombWait
+	// hiddenMax is maxHidden (tests set a smaller bound, before use).
+	hiddenMax int
 	// testHook, if set (tests only, before use), runs in putChunk with
-	// the chunk's stripes locked, before its write ("put"), and in the
-	// deleter before it takes each hidden block's stripe ("hidden").
+	// the chunk's stripes locked, before its write ("put"), in the
+	// deleter before it takes each hidden block's stripe ("hidden"), and
+	// in compaction's move of a block, its stripe locked, before the new
+	// record is committed ("move"), and in Delete, once it has hidden a
+	// block, before it logs the tombstone ("tomb").
 	testHook func(point string)
 
 	measureMu    sync.Mutex // one measure at a time (it subtracts the writtenSince it read)
@@ -321,9 +332,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{
 		lock: lk, log: log, dir: dir, opts: opts,
-		kick:     make(chan struct{}, 1),
-		delKick:  make(chan struct{}, 1),
-		passDone: make(chan struct{}),
+		kick:      make(chan struct{}, 1),
+		delKick:   make(chan struct{}, 1),
+		hiddenMax: maxHidden,
+		passDone:  make(chan struct{}),
 	}
 	s.segFileSize = segFileSizeFor(opts.CapacityBytes)
 	s.maxBlock = s.segFileSize - 1<<20
@@ -723,9 +735,21 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 	}
 	// Deletes of these keys up to this one came before this write; later
 	// ones came while it holds the stripes, and win.
+	// Their tombstones, still being written, must land before this
+	// write's records, which would otherwise be deleted in badger (lost
+	// at the next Open) while indexed.
 	s.mu.Lock()
 	startSeq := s.delSeq
+	var tombs []chan struct{}
+	for _, k := range keys {
+		if tw := s.tombs[k]; tw != nil {
+			tombs = append(tombs, tw.done)
+		}
+	}
 	s.mu.Unlock()
+	for _, done := range tombs {
+		<-done
+	}
 	if s.testHook != nil {
 		s.testHook("put")
 	}
@@ -1150,10 +1174,11 @@ func (s *Store) Size(k Key) (int64, bool) {
 // DeleteNS the store), k is hidden at once (Get, Contains, Size and Keys no
 // longer see it) and the deleter goroutine removes it when the lock is free
 // (or Close does), unless a Put of k that began after the Delete stored it
-// again. A crash before then finds the block again, as a restart does a
-// deletion the filesystem had no room to log: when it has none, k leaves
-// the index at once and its tombstone is written once there is room
-// (lateDel).
+// again. Its tombstone is logged before Delete returns either way, so a
+// process crash does not bring the block back (TestHiddenDeleteSurvivesACrash);
+// a restart does find a block whose deletion the filesystem had no room to
+// log: when it has none, k leaves the index (or is hidden) at once and its
+// tombstone is written once there is room (lateDel).
 func (s *Store) Delete(k Key) error {
 	if err := s.enter(); err != nil {
 		return err
@@ -1169,8 +1194,9 @@ func (s *Store) Delete(k Key) error {
 		}
 		s.gate.RUnlock()
 	}
+	logNow := s.deletionRoom() > 0 // else the deleter logs it later (lateDel)
 	s.mu.Lock()
-	if len(s.hidden) >= maxHidden {
+	if len(s.hidden) >= s.hiddenMax {
 		// The deleter is that far behind (a client deleting in a loop
 		// while DeleteNS holds the store): wait, as a bound on memory.
 		s.mu.Unlock()
@@ -1185,7 +1211,37 @@ func (s *Store) Delete(k Key) error {
 	}
 	s.delSeq++
 	s.hidden[k] = s.delSeq
+	var tw *tombWait
+	if logNow {
+		if tw = s.tombs[k]; tw == nil {
+			if s.tombs == nil {
+				s.tombs = map[Key]*tombWait{}
+			}
+			tw = &tombWait{done: make(chan struct{})}
+			s.tombs[k] = tw
+		}
+		tw.n++
+	}
 	s.mu.Unlock()
+	if tw != nil {
+		if s.testHook != nil {
+			s.testHook("tomb")
+		}
+		// The tombstone now, so that a process crash before the deleter
+		// runs does not bring the block back (hidden is memory only); the
+		// deleter takes it out of the index.
+		var kb [keyLen]byte
+		encodeKey(&kb, k)
+		if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
+			s.log.Warn("nvme: logging a hidden block's deletion failed; the deleter logs it", "ns", k.NS, "err", err)
+		}
+		s.mu.Lock()
+		if tw.n--; tw.n == 0 {
+			close(tw.done)
+			delete(s.tombs, k)
+		}
+		s.mu.Unlock()
+	}
 	select {
 	case s.delKick <- struct{}{}:
 	default:
@@ -1196,6 +1252,13 @@ func (s *Store) Delete(k Key) error {
 // maxHidden bounds the deletions Delete leaves to the deleter (about
 // 60 bytes each).
 const maxHidden = 1 << 16
+
+// tombWait counts the Deletes writing a hidden key's tombstone; done is
+// closed when the last has.
+type tombWait struct {
+	n    int
+	done chan struct{}
+}
 
 // deleteLocked deletes k and ends its hiding, if any. Requires the gate
 // (read) and k's stripe.
@@ -1481,6 +1544,13 @@ func (s *Store) Keys(fn func(k Key, size int64) bool) {
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit()}
+	for k := range s.hidden {
+		// Deleted as far as callers know (its deleter waits for a lock).
+		if i, ok := s.idx.get(k); ok {
+			st.Blocks--
+			st.Bytes -= s.idx.ents[i].size
+		}
+	}
 	s.mu.Unlock()
 	st.DiskBytes = s.diskMeasured.Load()
 	st.Capacity = s.capacity()

@@ -63,10 +63,19 @@ func checkTable(path string, id uint64, bo badger.Options) (err error) {
 			err = fmt.Errorf("table %s is damaged: badger panicked reading it: %v", filepath.Base(path), r)
 		}
 	}()
-	if _, err := table.OpenInMemoryTable(data, id, &table.Options{
+	t, err := table.OpenInMemoryTable(data, id, &table.Options{
 		ReadOnly: true, Compression: options.None, BlockSize: bo.BlockSize,
 		BloomFalsePositive: bo.BloomFalsePositive, TableSize: uint64(bo.BaseTableSize),
-	}); err != nil {
+	})
+	if err != nil {
+		return fmt.Errorf("table %s: %w", filepath.Base(path), err)
+	}
+	// Badger's Open reads only the footer, the index and the last block;
+	// a damaged block before those (a bad sector, a torn page) panicked
+	// later in reindex's iteration (a slice out of range, at every start)
+	// or silently hid the keys after it. Every block's checksum is
+	// verified here (the tables are small: the index's records only).
+	if err := t.VerifyChecksum(); err != nil {
 		return fmt.Errorf("table %s: %w", filepath.Base(path), err)
 	}
 	return nil
