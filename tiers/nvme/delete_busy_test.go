@@ -469,3 +469,60 @@ func TestPutAfterHiddenDeleteOutlivesItsTombstone(t *testing.T) {
 	}
 	mustGet(t, s, b, large)
 }
+
+// TestHiddenDeleteDuringItsOwnWriteSurvivesACrash: a Delete of a block
+// whose own write holds its stripe (a write-down racing the client's
+// Delete) hides it and logs its tombstone at once; the write's record,
+// committed after that tombstone, must not bring the block back at a
+// restart after a crash before the deleter ran.
+func TestHiddenDeleteDuringItsOwnWriteSurvivesACrash(t *testing.T) {
+	const size = 64 << 10
+	base := t.TempDir()
+	dir := filepath.Join(base, "nvme")
+	s := openT(t, dir, 256<<20)
+	k, other := testKey(10, 0), testKey(10, 1)
+	if err := s.Put(other, payloadFor(other, size)); err != nil {
+		t.Fatal(err)
+	}
+	putIn, putGo := make(chan struct{}), make(chan struct{})
+	delIn, delGo := make(chan struct{}), make(chan struct{})
+	var putOnce, delOnce sync.Once
+	s.testHook = func(p string) {
+		switch p {
+		case "put":
+			putOnce.Do(func() { close(putIn); <-putGo })
+		case "hidden":
+			delOnce.Do(func() { close(delIn); <-delGo })
+		}
+	}
+	putDone := make(chan error, 1)
+	go func() { putDone <- s.Put(k, payloadFor(k, size)) }()
+	<-putIn
+	if err := s.Delete(k); err != nil {
+		close(putGo)
+		t.Fatal(err)
+	}
+	close(putGo)
+	if err := <-putDone; err != nil {
+		t.Fatal(err)
+	}
+	<-delIn // the deleter has not removed it yet
+	if s.Contains(k) {
+		t.Error("a block whose Delete returned is served")
+	}
+	snap := filepath.Join(base, "snap")
+	out, err := exec.Command("cp", "-a", dir, snap).CombinedOutput()
+	close(delGo)
+	if err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openT(t, snap, 256<<20)
+	defer s.Close()
+	if s.Contains(k) {
+		t.Fatal("a block whose Delete returned is back after a crash: its own write's record outlived its tombstone")
+	}
+	mustGet(t, s, other, size)
+}

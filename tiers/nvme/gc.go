@@ -265,20 +265,18 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 	if i, ok := s.idx.get(k); ok {
 		s.idx.ents[i].seg = seg
 	}
-	_, hidden := s.hidden[k]
-	tw := s.tombs[k]
-	s.mu.Unlock()
-	if hidden {
-		// A Delete hid k while this held its stripe: its tombstone (Delete)
-		// may have landed before the record written above, which would
-		// bring the block back at a restart before the deleter runs.
-		if tw != nil {
-			<-tw.done
-		}
-		if s.deletionRoom() > 0 {
-			_ = s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) })
+	// A Delete that hid k while this held its stripe wins over the record
+	// written above.
+	var relog []Key
+	var waits []chan struct{}
+	if _, hidden := s.hidden[k]; hidden {
+		relog = []Key{k}
+		if tw := s.tombs[k]; tw != nil {
+			waits = []chan struct{}{tw.done}
 		}
 	}
+	s.mu.Unlock()
+	s.relogDeletes(relog, waits)
 	s.segs.commit(seg)
 	s.segs.release(old, rec.n, false)
 	s.writtenSince.Add(s.segs.recLen(rec.n))

@@ -839,6 +839,8 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 			}
 		}
 	}
+	var relog []Key
+	var relogWaits []chan struct{}
 	s.mu.Lock()
 	if err != nil {
 		// Nothing was indexed: the victims are still on disk, put them back
@@ -856,10 +858,19 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 				// this write of k began: this block is newer than the
 				// deletion, which must not remove it.
 				delete(s.hidden, k)
+			} else if ok {
+				// Deleted while this write held the stripe: the
+				// Delete wins, and its tombstone may have landed
+				// before this record.
+				relog = append(relog, k)
+				if tw := s.tombs[k]; tw != nil {
+					relogWaits = append(relogWaits, tw.done)
+				}
 			}
 		}
 	}
 	s.mu.Unlock()
+	s.relogDeletes(relog, relogWaits)
 	s.unlockVictims(victims, &held)
 	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
@@ -1252,6 +1263,35 @@ func (s *Store) Delete(k Key) error {
 // maxHidden bounds the deletions Delete leaves to the deleter (about
 // 60 bytes each).
 const maxHidden = 1 << 16
+
+// relogDeletes logs again the tombstones of keys a Delete hid while the
+// caller, holding their stripes, committed new records for them (a Put
+// that began before the Delete, a compaction move): the Delete's own
+// tombstone may have landed first, and a crash before the deleter runs
+// would then bring the blocks back. waits are those Deletes' tombstone
+// writes still in flight. A Delete that hides one of the keys after this
+// logs its tombstone after the caller's commit.
+func (s *Store) relogDeletes(keys []Key, waits []chan struct{}) {
+	for _, w := range waits {
+		<-w
+	}
+	if len(keys) == 0 || s.deletionRoom() == 0 {
+		return // no room: the deleter deletes them (lateDel)
+	}
+	err := s.db.Update(func(txn *badger.Txn) error {
+		for _, k := range keys {
+			var kb [keyLen]byte
+			encodeKey(&kb, k)
+			if err := txn.Delete(kb[:]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("nvme: logging the deletion of blocks hidden during a write failed; the deleter logs it", "blocks", len(keys), "err", err)
+	}
+}
 
 // tombWait counts the Deletes writing a hidden key's tombstone; done is
 // closed when the last has.
