@@ -486,7 +486,10 @@ func (gs *GPUSet) Reserve(k Key, size int64, gpu int) (*Handle, error) {
 	}
 	if gpu >= 0 && gpu < len(gs.GPUs) && !k.Parked() && gs.GPUs[gpu].fits(size) {
 		g := gs.GPUs[gpu]
-		if gs.Chain.Host.Present(k) || gs.Chain.inNVMe(k) {
+		// A host reservation of a promotion whose block was deleted since
+		// is given up, as Chain.Reserve does: it will never be committed,
+		// and this put is not a duplicate.
+		if gs.Chain.inNVMe(k) || (gs.Chain.Host.Present(k) && !gs.Chain.disownDeletedPromotion(k)) {
 			return nil, ErrExists
 		}
 		if g.hasRoom(size) {

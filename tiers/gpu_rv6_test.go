@@ -1,0 +1,103 @@
+//go:build !cuda
+
+package tiers
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/cudaipc"
+)
+
+// gpuOverChainRig puts one emulated GPU of gpuArena bytes over r's chain.
+func gpuOverChainRig(t *testing.T, r *chainRig, arena []byte) *GPUSet {
+	t.Helper()
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
+	devs, err := cudaipc.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := NewGPUSet(r.c, arena, devs, []int64{gpuArena}, GPUConfig{
+		SlabBytes: 1 << 20, HighWatermark: 0.75, LowWatermark: 0.5, Workers: 2, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gs.Close)
+	return gs
+}
+
+// TestGPUPutAfterDeleteDuringPromotion: a device put of a block deleted
+// while a promotion from NVMe holds a host reservation for it must be
+// stored. GPUSet.Reserve took the doomed promotion's reservation for the
+// block and answered ErrExists: the client took the put as a duplicate of
+// a block no tier held (the chain's Reserve gives such a reservation up;
+// TestPutAfterDeleteDuringPromotion).
+func TestGPUPutAfterDeleteDuringPromotion(t *testing.T) {
+	const bs = 64 << 10
+	k := chainKey(52, 1)
+	newBytes := bytes.Repeat([]byte{0xCD}, bs)
+	var deleted bool
+	var putErr error
+	var putHd *Handle
+	var once sync.Once
+	var r *chainRig
+	var gs *GPUSet
+	r = newChainRig(t, rigOpts{hostBytes: 4 << 20, slabBytes: 1 << 20, noStart: true,
+		hook: func(op string, key Key) {
+			if op != "get" || key != k {
+				return
+			}
+			once.Do(func() {
+				// The promotion holds its host reservation and is about to
+				// read: a device session deletes the block and puts it again.
+				deleted = gs.Delete(k)
+				putHd, putErr = gs.Reserve(k, bs, 0)
+			})
+		}})
+	// The chain rig's host tier manages its own slice; the GPU set needs
+	// the same arena registered, which the emulated device only records.
+	gs = gpuOverChainRig(t, r, r.h.arena)
+	r.putNVMe(t, k, bs)
+	r.start()
+	if hd, err := acquireWait(t, r.c, k, bs); err == nil {
+		r.h.Release(hd)
+	}
+	if !deleted {
+		t.Fatal("Delete found nothing")
+	}
+	if putErr != nil {
+		t.Fatalf("device put after the delete: %v (the block is in no tier: %v)", putErr, !r.inAny(k))
+	}
+	g := gs.GPUOf(putHd)
+	if g == nil {
+		t.Fatal("device put with room did not land on the GPU")
+	}
+	if err := g.run(func(s cudaipc.Stream) error { return g.Dev.CopyHtoDAsync(g.ptr(putHd.Offset), newBytes, s) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Slots.Commit(putHd); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, bs)
+	hd, ok := g.Slots.Pin(k)
+	if !ok {
+		t.Fatal("the block put after the delete is not on the GPU")
+	}
+	if err := g.run(func(s cudaipc.Stream) error { return g.Dev.CopyDtoHAsync(got, g.ptr(hd.Offset), s) }); err != nil {
+		t.Fatal(err)
+	}
+	g.Slots.Unpin(hd, false)
+	if !bytes.Equal(got, newBytes) {
+		t.Fatal("the GPU holds other bytes than the put's")
+	}
+	if r.h.Contains(k) {
+		t.Fatal("the deleted generation came back to the host tier")
+	}
+	eventually(t, 5*time.Second, "the promotion's reservation was not given up", func() bool { return r.h.Stats().Reserved == 0 })
+	if _, err := gs.Reserve(k, bs, 0); !errors.Is(err, ErrExists) {
+		t.Fatalf("a second put of the stored block: %v, want ErrExists", err)
+	}
+}
