@@ -155,7 +155,12 @@ type GPUSet struct {
 	copied func(k Key) // tests: called after a copy, before its commit
 }
 
-type moveTok struct{ deleted bool }
+// moveTok is a copy in flight: deleted once a Delete marked it; res is its
+// destination reservation, once made (tmu).
+type moveTok struct {
+	deleted bool
+	res     *Handle
+}
 
 // moveCounters count the copies of one direction.
 type moveCounters struct {
@@ -205,7 +210,21 @@ func (gs *GPUSet) untrack(k Key, t *moveTok) {
 	}
 }
 
-// tombstone marks the copies of k in flight as deleted. Delete and
+// reserved records hd as the destination reservation of the copy t. The
+// reservation of a copy whose block was deleted is disowned (tombstone), as
+// it will be aborted: a put of the key after the Delete must not find it
+// and be answered ErrExists.
+func (gs *GPUSet) reserved(t *moveTok, hd *Handle) {
+	gs.tmu.Lock()
+	defer gs.tmu.Unlock()
+	t.res = hd
+	if t.deleted {
+		hd.Owner().Disown(hd)
+	}
+}
+
+// tombstone marks the copies of k in flight as deleted (and disowns their
+// destination reservations: see reserved). Delete and
 // DeleteNS call it and sweep the tiers under tmu, so that no copy starts
 // (track) or commits (commitCopy) in between: a copy either commits before
 // and is deleted by the sweep, is marked and aborts, or starts after the
@@ -215,6 +234,9 @@ func (gs *GPUSet) tombstone(match func(Key) bool) {
 		if match(k) {
 			for _, t := range ts {
 				t.deleted = true
+				if t.res != nil {
+					t.res.Owner().Disown(t.res)
+				}
 			}
 		}
 	}
@@ -657,6 +679,9 @@ func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, *Handle, error) {
 	// src stays pinned until the waiters are served from it, or until the
 	// GPU copy (pinned too) replaces it.
 	dst, err := g.Slots.Reserve(k, src.Size)
+	if err == nil {
+		gs.reserved(tok, dst)
+	}
 	switch {
 	case errors.Is(err, ErrExists):
 		// Promoted meanwhile; or being put to the GPU: serve the host copy.
@@ -707,6 +732,9 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, *Handle, err
 		return gs.viaHostAny(k, size)
 	}
 	to, err := dst.Slots.Reserve(k, from.Size)
+	if err == nil {
+		gs.reserved(tok, to)
+	}
 	if errors.Is(err, ErrExists) {
 		src.Slots.Unpin(from, false)
 		if hd, ok := dst.Slots.Pin(k); ok {
@@ -807,6 +835,9 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle, pin bool) (*Handle, error) {
 		c.makeRoom(hd.Size, 1) // demote host → nvme rather than drop
 	}
 	dst, err := c.Host.Reserve(hd.Key, hd.Size)
+	if err == nil {
+		gs.reserved(tok, dst)
+	}
 	if errors.Is(err, ErrExists) {
 		if pin {
 			if held, ok := c.Host.Pin(hd.Key); ok {

@@ -101,3 +101,96 @@ func TestGPUPutAfterDeleteDuringPromotion(t *testing.T) {
 		t.Fatalf("a second put of the stored block: %v, want ErrExists", err)
 	}
 }
+
+// TestGPUPutAfterDeleteDuringCopy: a put of a block deleted while a
+// daemon-side copy of it (a promotion host → GPU, a demotion GPU → host, a
+// migration GPU → GPU) holds a reservation for it in the destination tier
+// must be stored. That reservation will be aborted (the copy is tombstoned),
+// but Reserve found it and answered ErrExists: the writer took its block as
+// a duplicate of one no tier holds.
+func TestGPUPutAfterDeleteDuringCopy(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		at, put  int // where the block is (-1: host), where the new put goes
+		startCpy func(r *gpuRig, k Key)
+	}{
+		{"promotion", -1, 0, func(r *gpuRig, k Key) {
+			if hd, ok := r.gs.Acquire(k, gpuBlock, 0, true, func(hd *Handle, err error) {
+				if err == nil {
+					hd.Owner().Release(hd)
+				}
+			}); hd != nil || !ok {
+				panic("the device read did not start a promotion")
+			}
+		}},
+		{"demotion", 1, -1, func(r *gpuRig, k Key) { r.gs.demoteBatch(r.gs.GPUs[1], 8) }},
+		{"migration", 1, 0, func(r *gpuRig, k Key) {
+			if hd, ok := r.gs.Acquire(k, gpuBlock, 0, true, func(hd *Handle, err error) {
+				if err == nil {
+					hd.Owner().Release(hd)
+				}
+			}); hd != nil || !ok {
+				panic("the device read did not start a migration")
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGPURig(t, true)
+			k := chainKey(53, 1)
+			r.put(t, k, tc.at)
+			type res struct {
+				deleted bool
+				hd      *Handle
+				err     error
+			}
+			got := make(chan res, 1)
+			var once sync.Once
+			r.gs.copied = func(x Key) {
+				if x != k {
+					return
+				}
+				once.Do(func() {
+					// The copy is done, its commit to come: a session
+					// deletes the block and puts it again.
+					var x res
+					x.deleted = r.gs.Delete(k)
+					x.hd, x.err = r.gs.Reserve(k, gpuBlock, tc.put)
+					got <- x
+				})
+			}
+			go tc.startCpy(r, k)
+			var x res
+			select {
+			case x = <-got:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the copy never ran")
+			}
+			if !x.deleted {
+				t.Fatal("Delete found nothing")
+			}
+			if x.err != nil {
+				t.Fatalf("put after the delete: %v", x.err)
+			}
+			at := x.hd.Owner()
+			if g := r.gs.GPUOf(x.hd); g != nil {
+				b := blockFor(k, gpuBlock)
+				if err := g.run(func(s cudaipc.Stream) error { return g.Dev.CopyHtoDAsync(g.ptr(x.hd.Offset), b, s) }); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				copy(r.h.Bytes(x.hd), blockFor(k, gpuBlock))
+			}
+			if err := at.Commit(x.hd); err != nil {
+				t.Fatalf("commit of the put after the delete: %v", err)
+			}
+			r.mustHold(t, at, k, "new put's")
+			waitFor(t, "the copy's reservation to be given up", func() bool {
+				n := r.h.Stats().Reserved
+				for _, g := range r.gs.GPUs {
+					n += g.Slots.Stats().Reserved
+				}
+				return n == 0
+			})
+		})
+	}
+}
