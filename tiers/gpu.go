@@ -579,18 +579,26 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 		}
 		if g.fits(size) && host.Contains(k) {
 			if g.hasRoom(size) {
-				host.countHit() // served by the host tier, through the promotion
-				gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, size) })
-				return nil, true
+				// Pinned here, not by the mover: a host copy demoted
+				// (and dropped) while the promotion waited in the queue
+				// would fail the read of a block still cached in NVMe.
+				if src, ok := host.Pin(k); ok {
+					host.countHit() // served by the host tier, through the promotion
+					if !gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, src) }) {
+						host.Unpin(src, false) // joined a move in flight, or stopped
+					}
+					return nil, true
+				}
+			} else {
+				// The arena is full: serve the host copy now (an H2D
+				// read costs the reader no more than the promotion
+				// would) and kick the demoter, which moves the coldest
+				// unleased GPU blocks down so that the next device read
+				// promotes. Waiting for it instead would hold this
+				// reader behind demotion copies.
+				g.fallbacks.Add(1)
+				g.makeRoom()
 			}
-			// The arena is full: serve the host copy now (an H2D read
-			// costs the reader no more than the promotion would) and
-			// kick the demoter, which moves the coldest unleased GPU
-			// blocks down so that the next device read promotes.
-			// Waiting for it instead would hold this reader behind
-			// demotion copies.
-			g.fallbacks.Add(1)
-			g.makeRoom()
 		}
 		return gs.Chain.Acquire(k, size, done)
 	}
@@ -609,8 +617,9 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 // every waiter then gets a lease on the tier work reports the block in. When
 // work also returns a pin on the block there (held), the block cannot leave
 // that tier (a demoter picking the fresh, still unleased copy) before every
-// waiter holds its lease; the pin is dropped after.
-func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (at *Host, held *Handle, err error)) {
+// waiter holds its lease; the pin is dropped after. It reports whether work
+// will run (not when done joined a move in flight, or the tier is stopped).
+func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (at *Host, held *Handle, err error)) bool {
 	mk := moveKey{k: k, dst: dst}
 	gs.imu.Lock()
 	if gs.stopped {
@@ -618,12 +627,12 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 		if done != nil {
 			go done(nil, fmt.Errorf("%w: %s: the GPU tier is stopped", ErrGPUCopy, k.Hash))
 		}
-		return
+		return false
 	}
 	if m := gs.inflight[mk]; m != nil {
 		m.waiters = append(m.waiters, done)
 		gs.imu.Unlock()
-		return
+		return false
 	}
 	m := &gpuMove{waiters: []func(*Handle, error){done}}
 	gs.inflight[mk] = m
@@ -658,23 +667,24 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 			gs.jobs <- job
 		}()
 	}
+	return true
 }
 
-// promote copies k host → GPU g (H2D from the pinned host arena). The host
-// copy stays (clean). It returns the tier to serve the waiters from with a
-// pin on the block there (see startMove): GPU g's new copy, or the host copy
-// when there is no room (counted; the demoter is kicked) or the copy failed.
-func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, *Handle, error) {
+// promote copies k host → GPU g (H2D from the pinned host arena) from src,
+// the host copy the caller pinned. The host copy stays (clean). It returns
+// the tier to serve the waiters from with a pin on the block there (see
+// startMove): GPU g's new copy, or the host copy when there is no room
+// (counted; the demoter is kicked) or the copy failed.
+func (gs *GPUSet) promote(g *GPU, k Key, src *Handle) (*Host, *Handle, error) {
 	host := gs.Chain.Host
 	tok := gs.track(k)
 	defer gs.untrack(k, tok)
 	start := time.Now()
-	src, ok := host.Pin(k)
-	if !ok {
-		if hd, ok := g.Slots.Pin(k); ok {
-			return g.Slots, hd, nil
-		}
-		return nil, nil, fmt.Errorf("%w: %s left the host tier before its promotion", ErrGPUCopy, k.Hash)
+	// Deleted before the copy was tracked: Delete's tombstone pass missed
+	// it (a Delete after track marks tok instead).
+	if host.Deleted(src) {
+		host.Unpin(src, false)
+		return nil, nil, fmt.Errorf("%w: %s %w", ErrGPUCopy, k.Hash, errDeleted)
 	}
 	// src stays pinned until the waiters are served from it, or until the
 	// GPU copy (pinned too) replaces it.

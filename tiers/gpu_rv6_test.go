@@ -4,12 +4,14 @@ package tiers
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // gpuOverChainRig puts one emulated GPU of gpuArena bytes over r's chain.
@@ -193,4 +195,64 @@ func TestGPUPutAfterDeleteDuringCopy(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestGPUPromotionOfBlockDemotedMeanwhile: a device read of a host block
+// hands its promotion host → GPU to a mover; if the host mover writes the
+// block down to NVMe and drops it from the host tier before that mover pins
+// it, the reader must still get the block (it is cached, in NVMe). The
+// promotion answered "left the host tier before its promotion": the
+// session answered a miss for a cached block.
+func TestGPUPromotionOfBlockDemotedMeanwhile(t *testing.T) {
+	store, err := nvme.Open(context.Background(), nvme.Options{Dir: t.TempDir() + "/nvme", CapacityBytes: nvme.MinCapacity, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	r := newGPURigStore(t, 1<<20, 1<<20, store)
+	ctx, cancel := context.WithCancel(context.Background())
+	started := false
+	t.Cleanup(func() { // before the rig's: the movers end before the set closes
+		cancel()
+		if started {
+			r.gs.Wait()
+			r.c.Wait()
+		}
+	})
+	g0 := r.gs.GPUs[0]
+	k := chainKey(54, 1)
+	if at := r.put(t, k, -1); at != r.h {
+		t.Fatal("block not put to the host tier")
+	}
+	type res struct {
+		hd  *Handle
+		err error
+	}
+	got := make(chan res, 1)
+	// The movers are not running yet: the promotion waits in the queue.
+	if hd, ok := r.gs.Acquire(k, gpuBlock, 0, true, func(hd *Handle, err error) { got <- res{hd, err} }); hd != nil || !ok {
+		t.Fatalf("device read of a host block with room: lease %v, ok %v; want a promotion", hd != nil, ok)
+	}
+	// The host mover takes the block down to NVMe meanwhile (as
+	// Chain.demoteBatch does with a victim it pinned).
+	if hd, ok := r.h.PinUnleased(k); ok {
+		if ok, _, _ := r.c.writeDown([]*Handle{hd}); !ok[0] {
+			t.Fatal("write-down to NVMe failed")
+		}
+		r.h.Unpin(hd, true)
+	}
+	r.c.Start(ctx)
+	r.gs.Start(ctx)
+	started = true
+	var x res
+	select {
+	case x = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the device read was never answered")
+	}
+	if x.err != nil {
+		t.Fatalf("device read of a cached block: %v (host %v, nvme %v, gpu %v)", x.err, r.h.Contains(k), store.Contains(nk(k)), g0.Slots.Contains(k))
+	}
+	defer x.hd.Owner().Release(x.hd)
+	r.mustHold(t, x.hd.Owner(), k, "leased")
 }
