@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/cudaipc"
+	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
@@ -255,4 +256,44 @@ func TestGPUPromotionOfBlockDemotedMeanwhile(t *testing.T) {
 	}
 	defer x.hd.Owner().Release(x.hd)
 	r.mustHold(t, x.hd.Owner(), k, "leased")
+}
+
+// TestGPULookupOfBlockAlsoInNVMe: a block on a GPU that NVMe holds too (put
+// to the GPU, demoted GPU → host → NVMe, promoted back NVMe → host → GPU,
+// its host copy dropped again) is looked up as a GPU hit, and the lookup
+// queues no prefetch: docs/metrics.md counts in kvtier_prefetches_total the
+// blocks a lookup found only in NVMe. The chain's lookup asked NVMe before
+// the GPUs: the block was reported in NVMe and read back into the host tier
+// for nothing, at every lookup.
+func TestGPULookupOfBlockAlsoInNVMe(t *testing.T) {
+	store, err := nvme.Open(context.Background(), nvme.Options{Dir: t.TempDir() + "/nvme", CapacityBytes: nvme.MinCapacity, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	r := newGPURigStore(t, 1<<20, 1<<20, store)
+	ks := []Key{chainKey(55, 0), chainKey(55, 1), chainKey(55, 2)}
+	r.put(t, ks[0], -1) // host
+	for _, k := range ks[1:] {
+		if at := r.put(t, k, 0); at != r.gs.GPUs[0].Slots {
+			t.Fatal("block not put to GPU 0")
+		}
+	}
+	if err := store.Put(nk(ks[1]), blockFor(ks[1], gpuBlock)); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]shm.Tier, len(ks))
+	hits, _ := r.gs.Lookup(ks, out)
+	if hits != len(ks) {
+		t.Fatalf("lookup: %d hits of %d", hits, len(ks))
+	}
+	want := []shm.Tier{shm.TierHost, shm.TierGPU, shm.TierGPU}
+	for i := range ks {
+		if out[i] != want[i] {
+			t.Errorf("block %d reported in tier %v, want %v", i, out[i], want[i])
+		}
+	}
+	if n := r.c.Stats().Prefetches; n != 0 {
+		t.Errorf("the lookup queued %d prefetches of blocks on the GPU, want 0", n)
+	}
 }
