@@ -644,7 +644,12 @@ func (c *Chain) lookup(chain []Key, tiers []shm.Tier, above func(i int) bool) (h
 		if i == len(chain) {
 			break
 		}
-		if c.inNVMe(chain[i]) {
+		// The tier above first: a block it holds is a hit there, not a
+		// prefetch from NVMe (which may hold a copy too).
+		if above == nil || !above(i) {
+			if !c.inNVMe(chain[i]) {
+				break
+			}
 			tiers[i] = shm.TierNVMe
 			if nowMs == 0 {
 				nowMs = time.Now().UnixMilli()
@@ -652,8 +657,6 @@ func (c *Chain) lookup(chain []Key, tiers []shm.Tier, above func(i int) bool) (h
 			// Promoted, the block enters the policy with its place in
 			// this chain, as a put of it would.
 			c.prefetch(chain[i], ChainInfo(chain, i, req, nowMs))
-		} else if above == nil || !above(i) {
-			break
 		}
 		i++
 	}

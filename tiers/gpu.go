@@ -155,7 +155,12 @@ type GPUSet struct {
 	copied func(k Key) // tests: called after a copy, before its commit
 }
 
-type moveTok struct{ deleted bool }
+// moveTok is a copy in flight: deleted once a Delete marked it; res is its
+// destination reservation, once made (tmu).
+type moveTok struct {
+	deleted bool
+	res     *Handle
+}
 
 // moveCounters count the copies of one direction.
 type moveCounters struct {
@@ -205,7 +210,21 @@ func (gs *GPUSet) untrack(k Key, t *moveTok) {
 	}
 }
 
-// tombstone marks the copies of k in flight as deleted. Delete and
+// reserved records hd as the destination reservation of the copy t. The
+// reservation of a copy whose block was deleted is disowned (tombstone), as
+// it will be aborted: a put of the key after the Delete must not find it
+// and be answered ErrExists.
+func (gs *GPUSet) reserved(t *moveTok, hd *Handle) {
+	gs.tmu.Lock()
+	defer gs.tmu.Unlock()
+	t.res = hd
+	if t.deleted {
+		hd.Owner().Disown(hd)
+	}
+}
+
+// tombstone marks the copies of k in flight as deleted (and disowns their
+// destination reservations: see reserved). Delete and
 // DeleteNS call it and sweep the tiers under tmu, so that no copy starts
 // (track) or commits (commitCopy) in between: a copy either commits before
 // and is deleted by the sweep, is marked and aborts, or starts after the
@@ -215,6 +234,9 @@ func (gs *GPUSet) tombstone(match func(Key) bool) {
 		if match(k) {
 			for _, t := range ts {
 				t.deleted = true
+				if t.res != nil {
+					t.res.Owner().Disown(t.res)
+				}
 			}
 		}
 	}
@@ -486,7 +508,10 @@ func (gs *GPUSet) Reserve(k Key, size int64, gpu int) (*Handle, error) {
 	}
 	if gpu >= 0 && gpu < len(gs.GPUs) && !k.Parked() && gs.GPUs[gpu].fits(size) {
 		g := gs.GPUs[gpu]
-		if gs.Chain.Host.Present(k) || gs.Chain.inNVMe(k) {
+		// A host reservation of a promotion whose block was deleted since
+		// is given up, as Chain.Reserve does: it will never be committed,
+		// and this put is not a duplicate.
+		if gs.Chain.inNVMe(k) || (gs.Chain.Host.Present(k) && !gs.Chain.disownDeletedPromotion(k)) {
 			return nil, ErrExists
 		}
 		if g.hasRoom(size) {
@@ -554,18 +579,26 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 		}
 		if g.fits(size) && host.Contains(k) {
 			if g.hasRoom(size) {
-				host.countHit() // served by the host tier, through the promotion
-				gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, size) })
-				return nil, true
+				// Pinned here, not by the mover: a host copy demoted
+				// (and dropped) while the promotion waited in the queue
+				// would fail the read of a block still cached in NVMe.
+				if src, ok := host.Pin(k); ok {
+					host.countHit() // served by the host tier, through the promotion
+					if !gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, src) }) {
+						host.Unpin(src, false) // joined a move in flight, or stopped
+					}
+					return nil, true
+				}
+			} else {
+				// The arena is full: serve the host copy now (an H2D
+				// read costs the reader no more than the promotion
+				// would) and kick the demoter, which moves the coldest
+				// unleased GPU blocks down so that the next device read
+				// promotes. Waiting for it instead would hold this
+				// reader behind demotion copies.
+				g.fallbacks.Add(1)
+				g.makeRoom()
 			}
-			// The arena is full: serve the host copy now (an H2D read
-			// costs the reader no more than the promotion would) and
-			// kick the demoter, which moves the coldest unleased GPU
-			// blocks down so that the next device read promotes.
-			// Waiting for it instead would hold this reader behind
-			// demotion copies.
-			g.fallbacks.Add(1)
-			g.makeRoom()
 		}
 		return gs.Chain.Acquire(k, size, done)
 	}
@@ -584,8 +617,9 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 // every waiter then gets a lease on the tier work reports the block in. When
 // work also returns a pin on the block there (held), the block cannot leave
 // that tier (a demoter picking the fresh, still unleased copy) before every
-// waiter holds its lease; the pin is dropped after.
-func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (at *Host, held *Handle, err error)) {
+// waiter holds its lease; the pin is dropped after. It reports whether work
+// will run (not when done joined a move in flight, or the tier is stopped).
+func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (at *Host, held *Handle, err error)) bool {
 	mk := moveKey{k: k, dst: dst}
 	gs.imu.Lock()
 	if gs.stopped {
@@ -593,12 +627,12 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 		if done != nil {
 			go done(nil, fmt.Errorf("%w: %s: the GPU tier is stopped", ErrGPUCopy, k.Hash))
 		}
-		return
+		return false
 	}
 	if m := gs.inflight[mk]; m != nil {
 		m.waiters = append(m.waiters, done)
 		gs.imu.Unlock()
-		return
+		return false
 	}
 	m := &gpuMove{waiters: []func(*Handle, error){done}}
 	gs.inflight[mk] = m
@@ -633,27 +667,31 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 			gs.jobs <- job
 		}()
 	}
+	return true
 }
 
-// promote copies k host → GPU g (H2D from the pinned host arena). The host
-// copy stays (clean). It returns the tier to serve the waiters from with a
-// pin on the block there (see startMove): GPU g's new copy, or the host copy
-// when there is no room (counted; the demoter is kicked) or the copy failed.
-func (gs *GPUSet) promote(g *GPU, k Key, size int64) (*Host, *Handle, error) {
+// promote copies k host → GPU g (H2D from the pinned host arena) from src,
+// the host copy the caller pinned. The host copy stays (clean). It returns
+// the tier to serve the waiters from with a pin on the block there (see
+// startMove): GPU g's new copy, or the host copy when there is no room
+// (counted; the demoter is kicked) or the copy failed.
+func (gs *GPUSet) promote(g *GPU, k Key, src *Handle) (*Host, *Handle, error) {
 	host := gs.Chain.Host
 	tok := gs.track(k)
 	defer gs.untrack(k, tok)
 	start := time.Now()
-	src, ok := host.Pin(k)
-	if !ok {
-		if hd, ok := g.Slots.Pin(k); ok {
-			return g.Slots, hd, nil
-		}
-		return nil, nil, fmt.Errorf("%w: %s left the host tier before its promotion", ErrGPUCopy, k.Hash)
+	// Deleted before the copy was tracked: Delete's tombstone pass missed
+	// it (a Delete after track marks tok instead).
+	if host.Deleted(src) {
+		host.Unpin(src, false)
+		return nil, nil, fmt.Errorf("%w: %s %w", ErrGPUCopy, k.Hash, errDeleted)
 	}
 	// src stays pinned until the waiters are served from it, or until the
 	// GPU copy (pinned too) replaces it.
 	dst, err := g.Slots.Reserve(k, src.Size)
+	if err == nil {
+		gs.reserved(tok, dst)
+	}
 	switch {
 	case errors.Is(err, ErrExists):
 		// Promoted meanwhile; or being put to the GPU: serve the host copy.
@@ -704,6 +742,9 @@ func (gs *GPUSet) migrate(src, dst *GPU, k Key, size int64) (*Host, *Handle, err
 		return gs.viaHostAny(k, size)
 	}
 	to, err := dst.Slots.Reserve(k, from.Size)
+	if err == nil {
+		gs.reserved(tok, to)
+	}
 	if errors.Is(err, ErrExists) {
 		src.Slots.Unpin(from, false)
 		if hd, ok := dst.Slots.Pin(k); ok {
@@ -804,6 +845,9 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle, pin bool) (*Handle, error) {
 		c.makeRoom(hd.Size, 1) // demote host → nvme rather than drop
 	}
 	dst, err := c.Host.Reserve(hd.Key, hd.Size)
+	if err == nil {
+		gs.reserved(tok, dst)
+	}
 	if errors.Is(err, ErrExists) {
 		if pin {
 			if held, ok := c.Host.Pin(hd.Key); ok {

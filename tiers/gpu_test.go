@@ -611,7 +611,11 @@ func TestGPUMoveCommitsPinned(t *testing.T) {
 	}{
 		{"promotion", func(r *gpuRig, k Key) (*Host, *Handle, error) {
 			r.put(t, k, -1)
-			return r.gs.promote(r.gs.GPUs[0], k, gpuBlock)
+			src, ok := r.h.Pin(k)
+			if !ok {
+				return nil, nil, errors.New("host copy not pinned")
+			}
+			return r.gs.promote(r.gs.GPUs[0], k, src)
 		}, func(r *gpuRig) *Host { return r.gs.GPUs[0].Slots }},
 		{"migration", func(r *gpuRig, k Key) (*Host, *Handle, error) {
 			r.put(t, k, 0)
