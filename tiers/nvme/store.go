@@ -1205,7 +1205,7 @@ func (s *Store) Delete(k Key) error {
 		}
 		s.gate.RUnlock()
 	}
-	logNow := s.deletionRoom() > 0 // else the deleter logs it later (lateDel)
+	room := s.deletionRoom() > 0 // else the deleter logs it later (lateDel)
 	s.mu.Lock()
 	if len(s.hidden) >= s.hiddenMax {
 		// The deleter is that far behind (a client deleting in a loop
@@ -1222,8 +1222,11 @@ func (s *Store) Delete(k Key) error {
 	}
 	s.delSeq++
 	s.hidden[k] = s.delSeq
+	// Only a stored block has a record to delete; one whose own write holds
+	// the stripe logs the tombstone again after its commit (relogDeletes).
+	_, stored := s.idx.get(k)
 	var tw *tombWait
-	if logNow {
+	if room && stored {
 		if tw = s.tombs[k]; tw == nil {
 			if s.tombs == nil {
 				s.tombs = map[Key]*tombWait{}
