@@ -78,8 +78,9 @@ type NVMeConfig struct {
 	// Capacity is the on-disk budget; 0 means "size from the disk": half of
 	// the free space of the state dir's filesystem, at most 1 TiB.
 	Capacity ByteSize `toml:"capacity"`
-	// FlushOnStop writes the host tier down to NVMe on SIGTERM so a restart
-	// or an upgrade keeps the cache warm.
+	// FlushOnStop writes the GPU-only blocks (through the host tier) and the
+	// host tier down to NVMe on SIGTERM so a restart or an upgrade keeps the
+	// cache warm.
 	FlushOnStop bool `toml:"flush_on_stop"`
 	// ParkTTLSeconds is how long a parked request is kept without being
 	// resumed or released.

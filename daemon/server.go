@@ -381,8 +381,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.ln.Close()
 	})
 	defer stop()
-	// The mover outlives the sessions: it runs until they are gone and the
-	// host tier has been written down.
+	// The movers outlive the sessions: they run until they are gone and the
+	// GPU and host tiers have been written down.
 	chainCtx, stopChain := context.WithCancel(context.Background())
 	defer stopChain()
 	d.chain.Start(chainCtx)
@@ -446,8 +446,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// warm restart, whose next daemon may hand the slot out.
 	d.quar.close()
 	if d.cfg.NVMe.FlushOnStop && d.nvme != nil {
-		t0 := time.Now()
+		// One bound for both steps. The GPU-only blocks first, into the
+		// host tier (which makes room by demoting to NVMe), while the
+		// movers still run; then the host tier, those blocks with it.
 		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		if d.gpus != nil {
+			t0 := time.Now()
+			n, ferr := d.gpus.Flush(fctx)
+			d.log.Info("gpu tier written down to the host tier", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
+		}
+		t0 := time.Now()
 		n, ferr := d.chain.Flush(fctx)
 		cancel()
 		d.log.Info("host tier written down to nvme", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
@@ -469,8 +477,8 @@ func acceptRetryable(err error) bool {
 		errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM)
 }
 
-// flushTimeout bounds the write-down of the host tier at shutdown (systemd
-// kills a daemon that takes too long anyway).
+// flushTimeout bounds the write-down of the GPU and host tiers at
+// shutdown (systemd kills a daemon that takes too long anyway).
 const flushTimeout = 60 * time.Second
 
 // prefault populates the host arena slab by slab in the background, so the

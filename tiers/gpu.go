@@ -889,6 +889,63 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle, pin bool) (*Handle, error) {
 	return nil, nil
 }
 
+// Flush writes the blocks held only on a GPU down to the host tier, for a
+// write-down at shutdown before Chain.Flush (which writes the host tier to
+// NVMe): the GPU blocks are the hottest, and a restart must not lose them.
+// Writing into the host tier makes room there by demoting host blocks to
+// NVMe (writeDown), so a GPU tier larger than the host's still lands in
+// NVMe. A block with a copy below already (host, or NVMe), one too large
+// for NVMe, and one deleted meanwhile are skipped; leased blocks are copied
+// (blocks are immutable) and stay on their GPU, as every block does. Each
+// GPU's blocks go oldest first, so the hottest end up most recent in the
+// host tier. Without an NVMe tier it does nothing. It returns how many
+// blocks it wrote; ctx ends it early (the rest stays unwritten, and the
+// error is ctx's), and copies that failed are reported in the error.
+func (gs *GPUSet) Flush(ctx context.Context) (int, error) {
+	c := gs.Chain
+	if c.NVMe == nil {
+		return 0, nil
+	}
+	var wrote, failed atomic.Int64
+	var cut atomic.Bool
+	var emu sync.Mutex
+	var first error
+	for _, g := range gs.GPUs {
+		eachWriter(g.Slots.PinAllOldestFirst(), func(run []*Handle) {
+			for _, hd := range run {
+				switch {
+				case ctx.Err() != nil:
+					cut.Store(true)
+				case c.Host.Present(hd.Key) || c.inNVMe(hd.Key) || c.tooLarge(hd):
+				default:
+					_, err := gs.writeDown(g, hd, false)
+					switch {
+					case err == nil:
+						wrote.Add(1)
+					case errors.Is(err, errDeleted) || errors.Is(err, errHostBusy):
+					default:
+						failed.Add(1)
+						emu.Lock()
+						if first == nil {
+							first = err
+						}
+						emu.Unlock()
+					}
+				}
+				g.Slots.Unpin(hd, false)
+			}
+		})
+	}
+	var err error
+	if cut.Load() {
+		err = ctx.Err()
+	}
+	if n := failed.Load(); n > 0 {
+		err = errors.Join(err, fmt.Errorf("tiers: %d gpu blocks not written down, first: %w", n, first))
+	}
+	return int(wrote.Load()), err
+}
+
 // demoteLoop keeps GPU g under its high watermark by moving its coldest
 // unleased blocks to the host tier; under pressure (a reservation that did
 // not fit) it demotes down to the low watermark too.
