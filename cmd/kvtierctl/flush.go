@@ -24,7 +24,9 @@ func newFlushCmd(g *globals) *cobra.Command {
 		Long: `flush writes every host-tier block that has no copy in NVMe yet down to the
 NVMe tier, as the daemon does on shutdown with flush_on_stop, and prints how
 many blocks it wrote. The host tier keeps its copies, so a second flush writes
-nothing. Without --timeout, flush waits up to ` + flushTimeout.String() + `.`,
+nothing. Blocks held only on a GPU are not written (at shutdown the daemon
+first copies them into the host tier; a flush here would push hot host blocks
+out to make room for them). Without --timeout, flush waits up to ` + flushTimeout.String() + `.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			lg := *g
