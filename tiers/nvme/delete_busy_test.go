@@ -321,20 +321,12 @@ func TestHiddenDeleteSurvivesACrash(t *testing.T) {
 	}
 	// The process dies here: its files as they are now (a snapshot, as
 	// TestCrashSnapshots takes of a stopped process).
-	snap := filepath.Join(base, "snap")
-	out, err := exec.Command("cp", "-a", dir, snap).CombinedOutput()
-	close(release)
-	if perr := <-putDone; perr != nil {
-		t.Fatal(perr)
-	}
-	if err != nil {
-		t.Fatalf("cp: %v %s", err, out)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = openT(t, snap, 256<<20)
-	defer s.Close()
+	s = crashAndReopen(t, s, dir, func() {
+		close(release)
+		if perr := <-putDone; perr != nil {
+			t.Fatal(perr)
+		}
+	})
 	if s.Contains(b) {
 		t.Fatal("a block whose Delete returned is back after a crash")
 	}
@@ -388,17 +380,7 @@ func TestHiddenDeleteSurvivesARelocationAndACrash(t *testing.T) {
 	close(moveGo)
 	<-moved
 	<-delIn // the deleter has not removed it yet
-	snap := filepath.Join(base, "snap")
-	out, err := exec.Command("cp", "-a", dir, snap).CombinedOutput()
-	close(delGo)
-	if err != nil {
-		t.Fatalf("cp: %v %s", err, out)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = openT(t, snap, 256<<20)
-	defer s.Close()
+	s = crashAndReopen(t, s, dir, func() { close(delGo) })
 	if s.Contains(k) {
 		t.Fatal("a block whose Delete returned is back after a crash: the relocation's record outlived its tombstone")
 	}
@@ -510,9 +492,22 @@ func TestHiddenDeleteDuringItsOwnWriteSurvivesACrash(t *testing.T) {
 	if s.Contains(k) {
 		t.Error("a block whose Delete returned is served")
 	}
-	snap := filepath.Join(base, "snap")
+	s = crashAndReopen(t, s, dir, func() { close(delGo) })
+	if s.Contains(k) {
+		t.Fatal("a block whose Delete returned is back after a crash: its own write's record outlived its tombstone")
+	}
+	mustGet(t, s, other, size)
+}
+
+// crashAndReopen copies the store's directory dir as it is now (the files a
+// process killed at this point leaves, as TestCrashSnapshots takes them),
+// then runs resume (which lets the test's blocked goroutines go on), closes
+// s and opens the copy, closed at the end of t.
+func crashAndReopen(t *testing.T, s *Store, dir string, resume func()) *Store {
+	t.Helper()
+	snap := filepath.Join(filepath.Dir(dir), "snap")
 	out, err := exec.Command("cp", "-a", dir, snap).CombinedOutput()
-	close(delGo)
+	resume()
 	if err != nil {
 		t.Fatalf("cp: %v %s", err, out)
 	}
@@ -520,9 +515,6 @@ func TestHiddenDeleteDuringItsOwnWriteSurvivesACrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openT(t, snap, 256<<20)
-	defer s.Close()
-	if s.Contains(k) {
-		t.Fatal("a block whose Delete returned is back after a crash: its own write's record outlived its tombstone")
-	}
-	mustGet(t, s, other, size)
+	t.Cleanup(func() { s.Close() })
+	return s
 }
