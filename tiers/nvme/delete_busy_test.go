@@ -27,13 +27,22 @@ func sameStripe(ns uint32, a Key) Key {
 // once it stops there. For "put", that is a write to a slow disk with its
 // stripes locked.
 func blockAt(s *Store, point string) (entered, release chan struct{}) {
-	entered, release = make(chan struct{}), make(chan struct{})
-	var once sync.Once
+	ent, rel := blockAtEach(s, point)
+	return ent[0], rel[0]
+}
+
+// blockAtEach is blockAt for several points at once (one hook).
+func blockAtEach(s *Store, points ...string) (entered, release []chan struct{}) {
+	once := make([]sync.Once, len(points))
+	for range points {
+		entered = append(entered, make(chan struct{}))
+		release = append(release, make(chan struct{}))
+	}
 	s.testHook = func(p string) {
-		if p == point {
-			once.Do(func() {
-				close(entered)
-				<-release
+		if i := slices.Index(points, p); i >= 0 {
+			once[i].Do(func() {
+				close(entered[i])
+				<-release[i]
 			})
 		}
 	}
@@ -162,17 +171,8 @@ func TestPutAfterHiddenDeleteKeepsItsBlock(t *testing.T) {
 	if err := s.Put(a, payloadFor(a, small)); err != nil {
 		t.Fatal(err)
 	}
-	putEntered, putRelease := make(chan struct{}), make(chan struct{})
-	delEntered, delRelease := make(chan struct{}), make(chan struct{})
-	var putOnce, delOnce sync.Once
-	s.testHook = func(p string) {
-		switch p {
-		case "put":
-			putOnce.Do(func() { close(putEntered); <-putRelease })
-		case "hidden":
-			delOnce.Do(func() { close(delEntered); <-delRelease })
-		}
-	}
+	ent, rel := blockAtEach(s, "put", "hidden")
+	putEntered, putRelease, delEntered, delRelease := ent[0], rel[0], ent[1], rel[1]
 	bDone := make(chan error, 1)
 	go func() { bDone <- s.Put(b, payloadFor(b, small)) }() // holds the stripe
 	<-putEntered
@@ -352,17 +352,8 @@ func TestHiddenDeleteSurvivesARelocationAndACrash(t *testing.T) {
 	i, _ := s.idx.get(k)
 	from := s.idx.ents[i].seg
 	s.mu.Unlock()
-	moveIn, moveGo := make(chan struct{}), make(chan struct{})
-	delIn, delGo := make(chan struct{}), make(chan struct{})
-	var moveOnce, delOnce sync.Once
-	s.testHook = func(p string) {
-		switch p {
-		case "move":
-			moveOnce.Do(func() { close(moveIn); <-moveGo })
-		case "hidden":
-			delOnce.Do(func() { close(delIn); <-delGo })
-		}
-	}
+	ent, rel := blockAtEach(s, "move", "hidden")
+	moveIn, moveGo, delIn, delGo := ent[0], rel[0], ent[1], rel[1]
 	moved := make(chan struct{})
 	go func() {
 		defer close(moved)
@@ -402,17 +393,8 @@ func TestPutAfterHiddenDeleteOutlivesItsTombstone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	putIn, putGo := make(chan struct{}), make(chan struct{})
-	tombIn, tombGo := make(chan struct{}), make(chan struct{})
-	var putOnce, tombOnce sync.Once
-	s.testHook = func(p string) {
-		switch p {
-		case "put":
-			putOnce.Do(func() { close(putIn); <-putGo })
-		case "tomb":
-			tombOnce.Do(func() { close(tombIn); <-tombGo })
-		}
-	}
+	ent, rel := blockAtEach(s, "put", "tomb")
+	putIn, putGo, tombIn, tombGo := ent[0], rel[0], ent[1], rel[1]
 	aDone := make(chan error, 1)
 	go func() { aDone <- s.Put(a, payloadFor(a, small)) }() // holds b's stripe
 	<-putIn
@@ -466,17 +448,8 @@ func TestHiddenDeleteDuringItsOwnWriteSurvivesACrash(t *testing.T) {
 	if err := s.Put(other, payloadFor(other, size)); err != nil {
 		t.Fatal(err)
 	}
-	putIn, putGo := make(chan struct{}), make(chan struct{})
-	delIn, delGo := make(chan struct{}), make(chan struct{})
-	var putOnce, delOnce sync.Once
-	s.testHook = func(p string) {
-		switch p {
-		case "put":
-			putOnce.Do(func() { close(putIn); <-putGo })
-		case "hidden":
-			delOnce.Do(func() { close(delIn); <-delGo })
-		}
-	}
+	ent, rel := blockAtEach(s, "put", "hidden")
+	putIn, putGo, delIn, delGo := ent[0], rel[0], ent[1], rel[1]
 	putDone := make(chan error, 1)
 	go func() { putDone <- s.Put(k, payloadFor(k, size)) }()
 	<-putIn
