@@ -503,32 +503,21 @@ func (c *Chain) pinVictims(n int) (out []*Handle, drop int, pv polVictims) {
 }
 
 // handBackAll tells the policy that the victims in stay remain in the
-// host tier: those pinVictims took out of the policy in the reverse of
-// the order it chose them (a parent, chosen after its child once that left
-// the policy, goes back first, so that its child goes back below it), then
-// the others (victims of the host's LRU order).
+// host tier: those pinVictims took out of the policy go back in their
+// place in the chain, in the reverse of the order it chose them (a parent,
+// chosen after its child once that left the policy, goes back first, so
+// that its child goes back below it); the others (victims of the host's
+// LRU order) as blocks of unknown place.
 func (c *Chain) handBackAll(pv polVictims, stay map[policy.Key]bool) {
 	for i := len(pv.order) - 1; i >= 0; i-- {
 		if k := pv.order[i]; stay[k] {
 			delete(stay, k)
-			c.handBack(fromPK(k), pv.places)
+			c.note(polEvent{op: polBack, k: k, a: pv.places[k].info()})
 		}
 	}
 	for k := range stay {
-		c.handBack(fromPK(k), pv.places)
+		c.note(polEvent{op: polInsert, k: k})
 	}
-}
-
-// handBack tells the policy that k, a demotion victim, stays in the host
-// tier: in its place in the chain when pinVictims took it out of the
-// policy (places), else (a victim of the host's LRU order) as a block of
-// unknown place.
-func (c *Chain) handBack(k Key, places map[policy.Key]polPlace) {
-	if place, ok := places[pk(k)]; ok {
-		c.note(polEvent{op: polBack, k: pk(k), a: place.info()})
-		return
-	}
-	c.Inserted(k, policy.AccessInfo{})
 }
 
 // Start runs the demoter and the promotion workers until ctx ends; Wait
