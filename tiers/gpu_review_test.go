@@ -6,9 +6,6 @@ import (
 	"context"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers/nvme"
 )
@@ -23,36 +20,7 @@ func newGPURigSlabs(t *testing.T, hostSlab, gpuSlab int64) *gpuRig {
 // newGPURigStore is newGPURigSlabs over a chain with NVMe store (nil: none).
 func newGPURigStore(t *testing.T, hostSlab, gpuSlab int64, store *nvme.Store) *gpuRig {
 	t.Helper()
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
-	devs, err := cudaipc.Devices()
-	if err != nil {
-		t.Fatal(err)
-	}
-	arena, err := unix.Mmap(-1, 0, 32<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := NewHost(arena, HostConfig{SlabBytes: hostSlab})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewChain(h, store, ChainConfig{Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs, err := NewGPUSet(c, arena, devs, []int64{gpuArena}, GPUConfig{
-		SlabBytes: gpuSlab, HighWatermark: 0.75, LowWatermark: 0.5, Workers: 2, Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, cancel := context.WithCancel(context.Background())
-	r := &gpuRig{gs: gs, c: c, h: h, cancel: cancel}
-	t.Cleanup(func() {
-		cancel()
-		gs.Close()
-		unix.Munmap(arena)
-	})
-	return r
+	return newGPURigOpts(t, gpuRigOpts{hostSlab: hostSlab, gpuSlab: gpuSlab, store: store})
 }
 
 // A block larger than the GPU arena's slab can never be on the GPU: a

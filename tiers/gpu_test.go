@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // gpuRig is a GPU set on emulated devices over a host-only chain.
@@ -33,7 +34,33 @@ func newGPURig(t *testing.T, start bool) *gpuRig { return newGPURigN(t, 2, start
 // newGPURigN is a rig with n emulated GPUs of gpuArena bytes (n < 10).
 func newGPURigN(t *testing.T, n int, start bool) *gpuRig {
 	t.Helper()
-	t.Setenv(cudaipc.EnvEmulatedGPUs, string(rune('0'+n))+":64MiB")
+	return newGPURigOpts(t, gpuRigOpts{gpus: n, start: start})
+}
+
+// gpuRigOpts are what the GPU rigs of the tests vary; zero fields take
+// the defaults.
+type gpuRigOpts struct {
+	gpus              int     // emulated GPUs of gpuArena bytes (n < 10); 1
+	hostSlab, gpuSlab int64   // 1 MiB
+	high, low         float64 // the GPU watermarks: 0.75 and 0.5
+	store             *nvme.Store
+	start             bool // run the movers (stopped at the end of t)
+}
+
+// newGPURigOpts is a rig over a 32 MiB host tier.
+func newGPURigOpts(t *testing.T, o gpuRigOpts) *gpuRig {
+	t.Helper()
+	o.gpus = max(o.gpus, 1)
+	if o.hostSlab == 0 {
+		o.hostSlab = 1 << 20
+	}
+	if o.gpuSlab == 0 {
+		o.gpuSlab = 1 << 20
+	}
+	if o.high == 0 {
+		o.high, o.low = 0.75, 0.5
+	}
+	t.Setenv(cudaipc.EnvEmulatedGPUs, string(rune('0'+o.gpus))+":64MiB")
 	devs, err := cudaipc.Devices()
 	if err != nil {
 		t.Fatal(err)
@@ -42,33 +69,33 @@ func newGPURigN(t *testing.T, n int, start bool) *gpuRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHost(arena, HostConfig{SlabBytes: 1 << 20})
+	h, err := NewHost(arena, HostConfig{SlabBytes: o.hostSlab})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewChain(h, nil, ChainConfig{Logger: discardLogger()})
+	c, err := NewChain(h, o.store, ChainConfig{Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizes := make([]int64, n)
+	sizes := make([]int64, o.gpus)
 	for i := range sizes {
 		sizes[i] = gpuArena
 	}
 	gs, err := NewGPUSet(c, arena, devs, sizes, GPUConfig{
-		SlabBytes: 1 << 20, HighWatermark: 0.75, LowWatermark: 0.5, Workers: 2, Logger: discardLogger()})
+		SlabBytes: o.gpuSlab, HighWatermark: o.high, LowWatermark: o.low, Workers: 2, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := &gpuRig{gs: gs, c: c, h: h}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	if start {
+	if o.start {
 		c.Start(ctx)
 		gs.Start(ctx)
 	}
 	t.Cleanup(func() {
 		cancel()
-		if start {
+		if o.start {
 			gs.Wait()
 			c.Wait()
 		}

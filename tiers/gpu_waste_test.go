@@ -3,13 +3,8 @@
 package tiers
 
 import (
-	"context"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
-
-	"github.com/kvtier/kvtier/cudaipc"
 )
 
 // TestGPUDemoterCountsSlabWaste: blocks of 600 KiB take a 1 MiB GPU slab
@@ -20,38 +15,8 @@ import (
 // the host tier.
 func TestGPUDemoterCountsSlabWaste(t *testing.T) {
 	const bs = 600 << 10
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
-	devs, err := cudaipc.Devices()
-	if err != nil {
-		t.Fatal(err)
-	}
-	arena, err := unix.Mmap(-1, 0, 32<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := NewHost(arena, HostConfig{SlabBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewChain(h, nil, ChainConfig{Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs, err := NewGPUSet(c, arena, devs, []int64{8 << 20}, GPUConfig{
-		SlabBytes: 1 << 20, HighWatermark: 0.9, LowWatermark: 0.8, Workers: 2, Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.Start(ctx)
-	gs.Start(ctx)
-	t.Cleanup(func() {
-		cancel()
-		gs.Wait()
-		c.Wait()
-		gs.Close()
-		unix.Munmap(arena)
-	})
+	r := newGPURigOpts(t, gpuRigOpts{high: 0.9, low: 0.8, start: true})
+	gs, h := r.gs, r.h
 	g := gs.GPUs[0]
 	put := func(k Key) *Host {
 		t.Helper()
