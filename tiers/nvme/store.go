@@ -1205,7 +1205,6 @@ func (s *Store) Delete(k Key) error {
 		}
 		s.gate.RUnlock()
 	}
-	room := s.deletionRoom() > 0 // else the deleter logs it later (lateDel)
 	s.mu.Lock()
 	if len(s.hidden) >= s.hiddenMax {
 		// The deleter is that far behind (a client deleting in a loop
@@ -1226,7 +1225,7 @@ func (s *Store) Delete(k Key) error {
 	// the stripe logs the tombstone again after its commit (relogDeletes).
 	_, stored := s.idx.get(k)
 	var tw *tombWait
-	if room && stored {
+	if stored {
 		if tw = s.tombs[k]; tw == nil {
 			if s.tombs == nil {
 				s.tombs = map[Key]*tombWait{}
@@ -1243,11 +1242,14 @@ func (s *Store) Delete(k Key) error {
 		}
 		// The tombstone now, so that a process crash before the deleter
 		// runs does not bring the block back (hidden is memory only); the
-		// deleter takes it out of the index.
-		var kb [keyLen]byte
-		encodeKey(&kb, k)
-		if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
-			s.log.Warn("nvme: logging a hidden block's deletion failed; the deleter logs it", "ns", k.NS, "err", err)
+		// deleter takes it out of the index. Without room to log it, the
+		// deleter logs it later (lateDel).
+		if s.deletionRoom() > 0 {
+			var kb [keyLen]byte
+			encodeKey(&kb, k)
+			if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
+				s.log.Warn("nvme: logging a hidden block's deletion failed; the deleter logs it", "ns", k.NS, "err", err)
+			}
 		}
 		s.mu.Lock()
 		if tw.n--; tw.n == 0 {
