@@ -39,6 +39,15 @@ func HoldStream(s Stream) (release func(), err error) {
 // applies), each holding a reference on its primary context until Close.
 // With no GPU it fails with ErrNoDevice.
 func Devices() ([]Device, error) {
+	if err := shimInitError(); err != nil {
+		// No driver, no device node, a driver not ready yet at boot: the
+		// process runs on without GPUs (see cuinit_cuda.c).
+		var ce *cuError
+		if errors.As(err, &ce) && ce.code == cuErrNoDevice {
+			return nil, fmt.Errorf("cuda: %w: %w", ErrNoDevice, err)
+		}
+		return nil, fmt.Errorf("cuda: driver not initialised: %w", err)
+	}
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, fmt.Errorf("cuDeviceGetCount: %w", err)

@@ -72,11 +72,16 @@
 //	CGO_CFLAGS=-I/opt/cuda/include CGO_LDFLAGS=-L/opt/cuda/lib64 go build -tags cuda ./...
 //	CGO_LDFLAGS=-L/usr/lib/x86_64-linux-gnu/nvidia/current go build -tags cuda ./...
 //
-// A binary built with -tags cuda runs only where a GPU and its driver are:
-// gorgonia.org/cu calls cuInit in its package initializer and exits the process
-// (status 1) when that fails, and the binary links libcuda.so.1 dynamically.
-// Build the default (emulated) variant for hosts without a GPU; it finds no
-// device unless KVTIER_EMULATED_GPUS is set, so the GPU tier is off there.
+// A binary built with -tags cuda links libcuda.so.1 dynamically, so it needs
+// the driver's library installed, but not a working GPU: gorgonia.org/cu calls
+// cuInit in its package initializer and exits the process (status 1) when
+// that fails, so cuinit_cuda.c interposes cuInit, keeps the driver's answer
+// and lets the initializer pass; Devices then fails (ErrNoDevice for
+// CUDA_ERROR_NO_DEVICE) and kvtierd runs with its GPU tier off, saying why.
+// That is also what a start before the driver is ready gets (restart the
+// daemon to take the GPUs up). CI runs the cuda test binary and daemon this
+// way. The default (emulated) build finds no device unless
+// KVTIER_EMULATED_GPUS is set.
 //
 // CI (.ci/run) compile-checks the cuda build without a GPU: it vets this
 // package and builds every package and test binary with the tag against the

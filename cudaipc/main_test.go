@@ -31,6 +31,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	enterMDWE()
 	if role := os.Getenv(envHelper); role != "" {
 		os.Exit(helper(role))
 	}

@@ -7,7 +7,7 @@ package cudaipc
 // current on the calling thread: call these inside cudaDevice.do.
 
 /*
-#cgo LDFLAGS: -lcuda
+#cgo LDFLAGS: -lcuda -ldl
 #cgo linux CFLAGS: -I/usr/local/cuda/include
 #cgo linux LDFLAGS: -L/usr/local/cuda/lib64
 #include <cuda.h>
@@ -15,6 +15,9 @@ package cudaipc
 #include <string.h>
 
 _Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle is not 64 bytes");
+
+// In cuinit_cuda.c, with the interposed cuInit.
+CUresult kvtier_cuinit_result(void);
 
 static CUresult kvtier_ipc_get(CUdeviceptr p, void *out) {
 	CUipcMemHandle h;
@@ -79,6 +82,15 @@ func cuResult(op string, r C.CUresult) error {
 	}
 	return &cuError{op: op, code: int(r)}
 }
+
+// shimInitError is the driver's failure to initialise (cuInit), nil if it
+// succeeded.
+func shimInitError() error {
+	return cuResult("cuInit", C.kvtier_cuinit_result())
+}
+
+// cuErrNoDevice is CUDA_ERROR_NO_DEVICE: the driver loaded and found no GPU.
+const cuErrNoDevice = int(C.CUDA_ERROR_NO_DEVICE)
 
 func shimIPCGet(p DevicePtr) (IPCHandle, error) {
 	var h IPCHandle

@@ -20,7 +20,7 @@ func openGPUs(cfg Config, chain *tiers.Chain, hostArena []byte, log *slog.Logger
 	}
 	devs, err := cudaipc.Devices()
 	if errors.Is(err, cudaipc.ErrNoDevice) {
-		log.Info("no GPU found; GPU tier off")
+		log.Info("no GPU found; GPU tier off", "reason", err)
 		return nil
 	}
 	if err != nil {

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package cudaipc_test
+
+func enterMDWE() {}
