@@ -566,7 +566,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			src := gs.GPUs[j]
 			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer {
 				if g.hasRoom(size) {
-					gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.migrate(src, g, k, size) })
+					gs.startMove(k, g.Slots, servedBy(src, done), func() (*Host, *Handle, error) { return gs.migrate(src, g, k, size) })
 					return nil, true
 				}
 				g.makeRoom() // so that the next read migrates
@@ -574,7 +574,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			if hd, ok := host.Acquire(k); ok {
 				return hd, true
 			}
-			gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
+			gs.startMove(k, host, servedBy(src, done), func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 			return nil, true
 		}
 		if g.fits(size) && host.Contains(k) {
@@ -607,10 +607,25 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 	}
 	if j := gs.holder(k, -1); j >= 0 {
 		src := gs.GPUs[j]
-		gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
+		gs.startMove(k, host, servedBy(src, done), func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 		return nil, true
 	}
 	return gs.Chain.acquireBelow(k, size, done) // the host miss is counted above
+}
+
+// servedBy wraps the completion of a get served from GPU g's copy for a
+// reader elsewhere (the host tier, or another GPU): it counts a hit of g
+// once the get is served, as an NVMe hit is counted once its promotion is
+// done; a copy that fails counts none.
+func servedBy(g *GPU, done func(*Handle, error)) func(*Handle, error) {
+	return func(hd *Handle, err error) {
+		if err == nil {
+			g.Slots.countHit()
+		}
+		if done != nil {
+			done(hd, err)
+		}
+	}
 }
 
 // startMove runs work on a mover goroutine, once per (key, destination);

@@ -721,8 +721,9 @@ func (h *Host) Acquire(key Key) (*Handle, bool) {
 	return hd, true
 }
 
-// countHit counts a hit on a block read by a copy to a faster tier (a
-// device read promoted from here) rather than through a lease.
+// countHit counts a hit on a block read by a copy to another tier (a
+// device read promoted from here; for a GPU arena, a reader elsewhere
+// served from its copy) rather than through a lease.
 func (h *Host) countHit() {
 	h.mu.Lock()
 	h.hits++
