@@ -568,11 +568,12 @@ func (h *Host) drain(s *slab) {
 		if err != nil {
 			// The copy failed: give the slot back and drop the block
 			// (committed and unleased: the slab is unpinned) rather than
-			// keep it at a slot never written.
+			// keep it at a slot never written. Not an eviction: the
+			// Move hook counts its failures (the GPU tier's compaction
+			// errors), and a GPU arena never evicts.
 			h.untakeSlot(d, slot)
 			c.lru.remove(hd)
 			h.unindex(hd)
-			h.evictions++
 			h.used -= hd.Size
 			hd.state = stateDead
 			s.free = append(s.free, int32(i))
