@@ -566,7 +566,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			src := gs.GPUs[j]
 			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer {
 				if g.hasRoom(size) {
-					gs.startMove(k, g.Slots, servedBy(src, done), func() (*Host, *Handle, error) { return gs.migrate(src, g, k, size) })
+					gs.startMove(k, g.Slots, servedBy(src.Slots, done), func() (*Host, *Handle, error) { return gs.migrate(src, g, k, size) })
 					return nil, true
 				}
 				g.makeRoom() // so that the next read migrates
@@ -574,7 +574,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			if hd, ok := host.Acquire(k); ok {
 				return hd, true
 			}
-			gs.startMove(k, host, servedBy(src, done), func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
+			gs.startMove(k, host, servedBy(src.Slots, done), func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 			return nil, true
 		}
 		if g.fits(size) && host.Contains(k) {
@@ -583,8 +583,9 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 				// (and dropped) while the promotion waited in the queue
 				// would fail the read of a block still cached in NVMe.
 				if src, ok := host.Pin(k); ok {
-					host.countHit() // served by the host tier, through the promotion
-					if !gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, src) }) {
+					// Served by the host tier, through the promotion: a
+					// host hit once served.
+					if !gs.startMove(k, g.Slots, servedBy(host, done), func() (*Host, *Handle, error) { return gs.promote(g, k, src) }) {
 						host.Unpin(src, false) // joined a move in flight, or stopped
 					}
 					return nil, true
@@ -607,20 +608,21 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 	}
 	if j := gs.holder(k, -1); j >= 0 {
 		src := gs.GPUs[j]
-		gs.startMove(k, host, servedBy(src, done), func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
+		gs.startMove(k, host, servedBy(src.Slots, done), func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 		return nil, true
 	}
 	return gs.Chain.acquireBelow(k, size, done) // the host miss is counted above
 }
 
-// servedBy wraps the completion of a get served from GPU g's copy for a
-// reader elsewhere (the host tier, or another GPU): it counts a hit of g
-// once the get is served, as an NVMe hit is counted once its promotion is
-// done; a copy that fails counts none.
-func servedBy(g *GPU, done func(*Handle, error)) func(*Handle, error) {
+// servedBy wraps the completion of a get served by a copy from tier h for
+// a reader elsewhere (a GPU's copy for the host tier or another GPU; a host
+// copy promoted to a GPU): it counts a hit of h once the get is served, as
+// an NVMe hit is counted once its promotion is done; a copy that fails
+// counts none.
+func servedBy(h *Host, done func(*Handle, error)) func(*Handle, error) {
 	return func(hd *Handle, err error) {
 		if err == nil {
-			g.Slots.countHit()
+			h.countHit()
 		}
 		if done != nil {
 			done(hd, err)

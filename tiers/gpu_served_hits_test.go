@@ -5,6 +5,7 @@ package tiers
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/kvtier/kvtier/cudaipc"
 )
@@ -82,6 +83,70 @@ func TestGPUServedReadIsHitOfItsGPU(t *testing.T) {
 				after.g1Hits - before.g1Hits, after.g1Misses - before.g1Misses}
 			if got != tc.want {
 				t.Fatalf("counted %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestGPUFailedPromotionIsNoHostHit: a device read of a host block whose
+// promotion then fails (the block was deleted before the promotion ran, or
+// the GPU tier is stopped) was served by no tier and counts no host hit;
+// it used to count one when the promotion was queued.
+func TestGPUFailedPromotionIsNoHostHit(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before func(r *gpuRig, k Key) // before the read
+		after  func(r *gpuRig, k Key) // after it, before its promotion runs
+	}{
+		{name: "deleted", after: func(r *gpuRig, k Key) {
+			if !r.gs.Delete(k) {
+				t.Fatal("delete found nothing")
+			}
+		}},
+		{name: "stopped", before: func(r *gpuRig, k Key) {
+			r.gs.imu.Lock()
+			r.gs.stopped = true
+			r.gs.imu.Unlock()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGPURig(t, false) // no workers: the promotion waits in the queue
+			k := chainKey(66, 1)
+			if at := r.put(t, k, -1); at != r.h {
+				t.Fatal("block not put to the host tier")
+			}
+			if tc.before != nil {
+				tc.before(r, k)
+			}
+			hits := r.h.Stats().Hits
+			type res struct {
+				hd  *Handle
+				err error
+			}
+			got := make(chan res, 1)
+			if hd, ok := r.gs.Acquire(k, gpuBlock, 0, true, func(hd *Handle, err error) { got <- res{hd, err} }); hd != nil || !ok {
+				t.Fatalf("device read of a host block with room on the GPU: lease %v, ok %v; want a promotion", hd != nil, ok)
+			}
+			if tc.after != nil {
+				tc.after(r, k)
+			}
+			select {
+			case f := <-r.gs.jobs:
+				f()
+			default:
+			}
+			var x res
+			select {
+			case x = <-got:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the read was never answered")
+			}
+			if x.err == nil {
+				x.hd.Owner().Release(x.hd)
+				t.Fatal("the read was served")
+			}
+			if d := r.h.Stats().Hits - hits; d != 0 {
+				t.Fatalf("host hits rose by %d for a read that failed (%v), want 0", d, x.err)
 			}
 		})
 	}
