@@ -207,7 +207,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	descTierHits      = desc("tier_hits_total", "Acquires (gets) the tier served: host: found resident; nvme: missed the host tier and were promoted from NVMe.", "tier")
+	descTierHits      = desc("tier_hits_total", "Acquires (gets) the tier served: host: found resident; nvme: missed the host tier and were promoted from NVMe; gpuN: served from that GPU's arena (its device readers, and readers elsewhere copied from it).", "tier")
 	descTierMisses    = desc("tier_misses_total", "Acquires the tier could not serve (a host miss falls through to nvme; an nvme miss is a miss of the whole chain).", "tier")
 	descTierBytes     = desc("tier_resident_bytes", "Payload bytes held by the tier (host: including reserved and deleted-but-leased blocks).", "tier")
 	descTierBlocks    = desc("tier_resident_blocks", "Committed blocks in the tier's index.", "tier")

@@ -281,7 +281,13 @@ type moveKey struct {
 	dst *Host
 }
 
-type gpuMove struct{ waiters []func(*Handle, error) }
+type gpuMove struct {
+	waiters []func(*Handle, error)
+	// noRoom: a promotion to this GPU found no room and serves its
+	// waiters from the host tier; each is a promotion fallback (set by
+	// the work, read by its job).
+	noRoom *GPU
+}
 
 // ErrGPUCopy reports a failed daemon-side device copy.
 var ErrGPUCopy = errors.New("gpu copy failed")
@@ -566,7 +572,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			src := gs.GPUs[j]
 			if peer, err := src.Dev.CanAccessPeer(g.Dev); err == nil && peer {
 				if g.hasRoom(size) {
-					gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.migrate(src, g, k, size) })
+					gs.startMove(k, g.Slots, servedBy(src.Slots, done), func(*gpuMove) (*Host, *Handle, error) { return gs.migrate(src, g, k, size) })
 					return nil, true
 				}
 				g.makeRoom() // so that the next read migrates
@@ -574,7 +580,7 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 			if hd, ok := host.Acquire(k); ok {
 				return hd, true
 			}
-			gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
+			gs.startMove(k, host, servedBy(src.Slots, done), func(*gpuMove) (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 			return nil, true
 		}
 		if g.fits(size) && host.Contains(k) {
@@ -583,8 +589,9 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 				// (and dropped) while the promotion waited in the queue
 				// would fail the read of a block still cached in NVMe.
 				if src, ok := host.Pin(k); ok {
-					host.countHit() // served by the host tier, through the promotion
-					if !gs.startMove(k, g.Slots, done, func() (*Host, *Handle, error) { return gs.promote(g, k, src) }) {
+					// Served by the host tier, through the promotion: a
+					// host hit once served.
+					if !gs.startMove(k, g.Slots, servedBy(host, done), func(m *gpuMove) (*Host, *Handle, error) { return gs.promote(g, k, src, m) }) {
 						host.Unpin(src, false) // joined a move in flight, or stopped
 					}
 					return nil, true
@@ -607,10 +614,26 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 	}
 	if j := gs.holder(k, -1); j >= 0 {
 		src := gs.GPUs[j]
-		gs.startMove(k, host, done, func() (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
+		gs.startMove(k, host, servedBy(src.Slots, done), func(*gpuMove) (*Host, *Handle, error) { return gs.viaHost(src, k, size) })
 		return nil, true
 	}
 	return gs.Chain.acquireBelow(k, size, done) // the host miss is counted above
+}
+
+// servedBy wraps the completion of a get served by a copy from tier h for
+// a reader elsewhere (a GPU's copy for the host tier or another GPU; a host
+// copy promoted to a GPU): it counts a hit of h once the get is served, as
+// an NVMe hit is counted once its promotion is done; a copy that fails
+// counts none.
+func servedBy(h *Host, done func(*Handle, error)) func(*Handle, error) {
+	return func(hd *Handle, err error) {
+		if err == nil {
+			h.countHit()
+		}
+		if done != nil {
+			done(hd, err)
+		}
+	}
 }
 
 // startMove runs work on a mover goroutine, once per (key, destination);
@@ -619,7 +642,8 @@ func (gs *GPUSet) Acquire(k Key, size int64, gpu int, device bool, done func(*Ha
 // that tier (a demoter picking the fresh, still unleased copy) before every
 // waiter holds its lease; the pin is dropped after. It reports whether work
 // will run (not when done joined a move in flight, or the tier is stopped).
-func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func() (at *Host, held *Handle, err error)) bool {
+// work gets the move, to note on it what its waiters count (noRoom).
+func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work func(m *gpuMove) (at *Host, held *Handle, err error)) bool {
 	mk := moveKey{k: k, dst: dst}
 	gs.imu.Lock()
 	if gs.stopped {
@@ -638,7 +662,7 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 	gs.inflight[mk] = m
 	defer gs.imu.Unlock() // held to the handoff: Wait sees every job
 	job := func() {
-		at, held, err := work()
+		at, held, err := work(m)
 		gs.imu.Lock()
 		delete(gs.inflight, mk)
 		ws := m.waiters
@@ -649,6 +673,9 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 				continue
 			}
 			if hd, ok := at.Pin(k); ok {
+				if m.noRoom != nil {
+					m.noRoom.fallbacks.Add(1) // per read served from the host tier
+				}
 				w(hd, nil)
 			} else {
 				w(nil, fmt.Errorf("%w: %s left the tier before it was leased", ErrGPUCopy, k.Hash))
@@ -674,8 +701,9 @@ func (gs *GPUSet) startMove(k Key, dst *Host, done func(*Handle, error), work fu
 // the host copy the caller pinned. The host copy stays (clean). It returns
 // the tier to serve the waiters from with a pin on the block there (see
 // startMove): GPU g's new copy, or the host copy when there is no room
-// (counted; the demoter is kicked) or the copy failed.
-func (gs *GPUSet) promote(g *GPU, k Key, src *Handle) (*Host, *Handle, error) {
+// (noted on m, whose waiters then count a fallback each; the demoter is
+// kicked) or the copy failed.
+func (gs *GPUSet) promote(g *GPU, k Key, src *Handle, m *gpuMove) (*Host, *Handle, error) {
 	host := gs.Chain.Host
 	tok := gs.track(k)
 	defer gs.untrack(k, tok)
@@ -701,7 +729,7 @@ func (gs *GPUSet) promote(g *GPU, k Key, src *Handle) (*Host, *Handle, error) {
 		}
 		return host, src, nil
 	case err != nil:
-		g.fallbacks.Add(1)
+		m.noRoom = g
 		g.makeRoom()          // so the next promotion finds room
 		return host, src, nil // no room after all: serve the host copy
 	}

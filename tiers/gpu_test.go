@@ -642,7 +642,7 @@ func TestGPUMoveCommitsPinned(t *testing.T) {
 			if !ok {
 				return nil, nil, errors.New("host copy not pinned")
 			}
-			return r.gs.promote(r.gs.GPUs[0], k, src)
+			return r.gs.promote(r.gs.GPUs[0], k, src, &gpuMove{})
 		}, func(r *gpuRig) *Host { return r.gs.GPUs[0].Slots }},
 		{"migration", func(r *gpuRig, k Key) (*Host, *Handle, error) {
 			r.put(t, k, 0)

@@ -568,11 +568,12 @@ func (h *Host) drain(s *slab) {
 		if err != nil {
 			// The copy failed: give the slot back and drop the block
 			// (committed and unleased: the slab is unpinned) rather than
-			// keep it at a slot never written.
+			// keep it at a slot never written. Not an eviction: the
+			// Move hook counts its failures (the GPU tier's compaction
+			// errors), and a GPU arena never evicts.
 			h.untakeSlot(d, slot)
 			c.lru.remove(hd)
 			h.unindex(hd)
-			h.evictions++
 			h.used -= hd.Size
 			hd.state = stateDead
 			s.free = append(s.free, int32(i))
@@ -721,8 +722,9 @@ func (h *Host) Acquire(key Key) (*Handle, bool) {
 	return hd, true
 }
 
-// countHit counts a hit on a block read by a copy to a faster tier (a
-// device read promoted from here) rather than through a lease.
+// countHit counts a hit on a block read by a copy to another tier (a
+// device read promoted from here; for a GPU arena, a reader elsewhere
+// served from its copy) rather than through a lease.
 func (h *Host) countHit() {
 	h.mu.Lock()
 	h.hits++
