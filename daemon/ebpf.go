@@ -74,7 +74,8 @@ func (d *Daemon) openProbes() {
 			unavailable(ebpf.ProgNVMeIO, "no nvme I/O latency histogram", err)
 		} else {
 			// The disks under a device-mapper, LVM or md volume, or the
-			// one disk that holds the state dir.
+			// one disk that holds the state dir; an NVMe multipath disk's
+			// paths as "nvme0c1n1 (path of nvme0n1)".
 			names := make([]string, len(devs))
 			for i, dev := range devs {
 				names[i] = dev.String()

@@ -16,6 +16,8 @@ type fakeDev struct {
 	dev    string   // the dev file's content ("MAJ:MIN"); "" for none
 	part   bool     // a partition (has a partition file)
 	slaves []string // paths of the devices below it
+	mpath  []string // paths of the devices its multipath/ directory links to
+	link   string   // path is a symlink to this path (a subsystem's controller)
 }
 
 // fakeSysfs builds the tree under a temp dir the way the kernel lays it
@@ -32,6 +34,13 @@ func fakeSysfs(t *testing.T, devs []fakeDev) string {
 	must(os.MkdirAll(filepath.Join(root, "dev", "block"), 0o755))
 	for _, d := range devs {
 		dir := filepath.Join(root, "devices", d.path)
+		if d.link != "" {
+			must(os.MkdirAll(filepath.Dir(dir), 0o755))
+			rel, err := filepath.Rel(filepath.Dir(dir), filepath.Join(root, "devices", d.link))
+			must(err)
+			must(os.Symlink(rel, dir))
+			continue
+		}
 		must(os.MkdirAll(dir, 0o755))
 		if d.dev != "" {
 			must(os.WriteFile(filepath.Join(dir, "dev"), []byte(d.dev+"\n"), 0o444))
@@ -50,6 +59,14 @@ func fakeSysfs(t *testing.T, devs []fakeDev) string {
 			must(err)
 			must(os.Symlink(rel, filepath.Join(dir, "slaves", filepath.Base(s))))
 		}
+		if d.mpath != nil {
+			must(os.MkdirAll(filepath.Join(dir, "multipath"), 0o755))
+		}
+		for _, s := range d.mpath {
+			rel, err := filepath.Rel(filepath.Join(dir, "multipath"), filepath.Join(root, "devices", s))
+			must(err)
+			must(os.Symlink(rel, filepath.Join(dir, "multipath", filepath.Base(s))))
+		}
 	}
 	return root
 }
@@ -63,8 +80,32 @@ func nvmeDisks(n int) (devs []fakeDev, names []string) {
 	return devs, names
 }
 
+// multipathNS lays out NVMe native multipath: subsystem s's namespace n
+// (head nvme<s>n<n>, device 259:head) reached through controllers ctrls,
+// whose path disks nvme<s>c<c>n<n> are hidden (no dev file). links: the
+// head has a multipath/ directory (6.15+); else only the subsystem's
+// links to its controllers say where the paths are.
+func multipathNS(s, n int, head int, ctrls []int, links bool) (devs []fakeDev, headPath string) {
+	subsys := fmt.Sprintf("virtual/nvme-subsystem/nvme-subsys%d", s)
+	headPath = fmt.Sprintf("%s/nvme%dn%d", subsys, s, n)
+	var paths []string
+	for _, c := range ctrls {
+		ctrl := fmt.Sprintf("pci/0000:0%d:00.0/nvme/nvme%d", c, c)
+		p := fmt.Sprintf("%s/nvme%dc%dn%d", ctrl, s, c, n)
+		paths = append(paths, p)
+		devs = append(devs, fakeDev{path: p},
+			fakeDev{path: fmt.Sprintf("%s/nvme%d", subsys, c), link: ctrl})
+	}
+	h := fakeDev{path: headPath, dev: fmt.Sprintf("259:%d", head)}
+	if links {
+		h.mpath = paths
+	}
+	return append(devs, h), headPath
+}
+
 // TestDisksOf: a volume resolves to the whole disks that serve its block
-// requests, down device-mapper and md stacks, partitions to their disk.
+// requests, down device-mapper and md stacks, partitions to their disk,
+// NVMe multipath heads to their path disks.
 func TestDisksOf(t *testing.T) {
 	two, twoNames := nvmeDisks(2)
 	sixteen, sixteenNames := nvmeDisks(MaxDisks)
@@ -78,6 +119,22 @@ func TestDisksOf(t *testing.T) {
 		{path: "pci/nvme0/nvme0n1/nvme0n1p1", dev: "259:1", part: true},
 		{path: "pci/nvme0/nvme0n1/nvme0n1p2", dev: "259:2", part: true},
 	}
+	mp2, mp2Head := multipathNS(0, 1, 0, []int{0, 1}, true)
+	mp2Old, _ := multipathNS(0, 1, 0, []int{0, 1}, false)
+	mp2Part := append(slices.Clone(mp2), fakeDev{path: mp2Head + "/nvme0n1p1", dev: "259:5", part: true})
+	mpLVM := func() []fakeDev {
+		a, aHead := multipathNS(0, 1, 0, []int{0, 1}, true)
+		b, bHead := multipathNS(1, 1, 1, []int{2, 3}, false)
+		return append(append(a, b...),
+			fakeDev{path: "virtual/block/md0", dev: "9:0", slaves: []string{aHead, bHead}},
+			fakeDev{path: "virtual/block/dm-0", dev: "253:0", slaves: []string{"virtual/block/md0"}})
+	}()
+	mp17, _ := multipathNS(0, 1, 0, func() (c []int) {
+		for i := range MaxDisks + 1 {
+			c = append(c, i)
+		}
+		return c
+	}(), true)
 	for _, tc := range []struct {
 		name    string
 		devs    []fakeDev
@@ -149,6 +206,34 @@ func TestDisksOf(t *testing.T) {
 			query: "253:0", wantErr: "read device number",
 		},
 		{name: "not a block device", devs: vda, query: "0:42", wantErr: "not a block device", unavail: true},
+		{
+			name: "NVMe multipath head", devs: mp2, query: "259:0",
+			want: []string{"nvme0c0n1 (path of nvme0n1)", "nvme0c1n1 (path of nvme0n1)"},
+		},
+		{
+			name: "NVMe multipath head, no multipath links (before 6.15)", devs: mp2Old, query: "259:0",
+			want: []string{"nvme0c0n1 (path of nvme0n1)", "nvme0c1n1 (path of nvme0n1)"},
+		},
+		{
+			name: "partition of an NVMe multipath head", devs: mp2Part, query: "259:5",
+			want: []string{"nvme0c0n1 (path of nvme0n1)", "nvme0c1n1 (path of nvme0n1)"},
+		},
+		{
+			name: "LVM over md over two NVMe multipath heads", devs: mpLVM, query: "253:0",
+			want: []string{
+				"nvme0c0n1 (path of nvme0n1)", "nvme0c1n1 (path of nvme0n1)",
+				"nvme1c2n1 (path of nvme1n1)", "nvme1c3n1 (path of nvme1n1)",
+			},
+		},
+		{
+			name: "NVMe multipath head without a path yet", query: "259:0",
+			devs: []fakeDev{{path: "virtual/nvme-subsystem/nvme-subsys0/nvme0n1", dev: "259:0", mpath: []string{}}},
+			want: []string{"nvme0n1 (259:0)"},
+		},
+		{
+			name: "NVMe multipath head over too many paths", devs: mp17, query: "259:0",
+			wantErr: fmt.Sprintf("more than %d disks", MaxDisks), unavail: true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := fakeSysfs(t, tc.devs)

@@ -20,6 +20,11 @@ type nvmeioHist struct {
 	SumNs uint64
 }
 
+type nvmeioNameKey struct {
+	_    structs.HostLayout
+	Name [32]int8
+}
+
 type nvmeioRqKey struct {
 	_      structs.HostLayout
 	Sector uint64
@@ -33,10 +38,12 @@ type nvmeioRqKey struct {
 const (
 	nvmeioMapHists           = "hists"
 	nvmeioMapStart           = "start"
+	nvmeioMapTargetNames     = "target_names"
 	nvmeioMapTargets         = "targets"
 	nvmeioProgHandleComplete = "handle_complete"
 	nvmeioProgHandleIssue    = "handle_issue"
 	nvmeioVarIssueHasQueue   = "issue_has_queue"
+	nvmeioVarMatchNames      = "match_names"
 )
 
 // loadNvmeio returns the embedded CollectionSpec for nvmeio.
@@ -89,9 +96,10 @@ type nvmeioProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nvmeioMapSpecs struct {
-	Hists   *ebpf.MapSpec `ebpf:"hists"`
-	Start   *ebpf.MapSpec `ebpf:"start"`
-	Targets *ebpf.MapSpec `ebpf:"targets"`
+	Hists       *ebpf.MapSpec `ebpf:"hists"`
+	Start       *ebpf.MapSpec `ebpf:"start"`
+	TargetNames *ebpf.MapSpec `ebpf:"target_names"`
+	Targets     *ebpf.MapSpec `ebpf:"targets"`
 }
 
 // nvmeioVariableSpecs contains global variables before they are loaded into the kernel.
@@ -99,6 +107,7 @@ type nvmeioMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type nvmeioVariableSpecs struct {
 	IssueHasQueue *ebpf.VariableSpec `ebpf:"issue_has_queue"`
+	MatchNames    *ebpf.VariableSpec `ebpf:"match_names"`
 }
 
 // nvmeioObjects contains all objects after they have been loaded into the kernel.
@@ -121,15 +130,17 @@ func (o *nvmeioObjects) Close() error {
 //
 // It can be passed to loadNvmeioObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nvmeioMaps struct {
-	Hists   *ebpf.Map `ebpf:"hists"`
-	Start   *ebpf.Map `ebpf:"start"`
-	Targets *ebpf.Map `ebpf:"targets"`
+	Hists       *ebpf.Map `ebpf:"hists"`
+	Start       *ebpf.Map `ebpf:"start"`
+	TargetNames *ebpf.Map `ebpf:"target_names"`
+	Targets     *ebpf.Map `ebpf:"targets"`
 }
 
 func (m *nvmeioMaps) Close() error {
 	return _NvmeioClose(
 		m.Hists,
 		m.Start,
+		m.TargetNames,
 		m.Targets,
 	)
 }
@@ -139,6 +150,7 @@ func (m *nvmeioMaps) Close() error {
 // It can be passed to loadNvmeioObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nvmeioVariables struct {
 	IssueHasQueue *ebpf.Variable `ebpf:"issue_has_queue"`
+	MatchNames    *ebpf.Variable `ebpf:"match_names"`
 }
 
 // nvmeioPrograms contains all programs after they have been loaded into the kernel.

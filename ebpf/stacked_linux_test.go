@@ -203,3 +203,36 @@ func isBlock(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0
 }
+
+// TestIOLatencyWatchesDisksByName: the hidden path disks of NVMe
+// multipath have no device number in sysfs, so the probe matches them by
+// the name of the request's disk. Loop devices stand in for them here: one
+// watched by name alone (as DisksOf describes a path disk), one by number
+// beside it, one not watched.
+func TestIOLatencyWatchesDisksByName(t *testing.T) {
+	requireBPF(t)
+	requireTools(t, "losetup")
+	var loops [3]string
+	for i := range loops {
+		loops[i] = loopDevice(t, 8<<20)
+	}
+	byName := Device{Name: filepath.Base(loops[0]), PathOf: "nvme0n1"} // "loop0"
+	l, err := OpenIOLatency(Env{}, []Device{byName, blockDevice(t, loops[1])})
+	skipUnavailable(t, err)
+	defer l.Close()
+	for _, p := range loops[:2] {
+		before := counts(t, l)
+		directIOAt(t, p, 0)
+		after := counts(t, l)
+		for op, name := range OpNames {
+			if after[op] <= before[op] {
+				t.Errorf("%s requests on watched %s: count %d before the I/O, %d after", name, p, before[op], after[op])
+			}
+		}
+	}
+	before := counts(t, l)
+	directIOAt(t, loops[2], 0)
+	if after := counts(t, l); after[OpWrite] != before[OpWrite] {
+		t.Errorf("writes on unwatched %s counted: %d before, %d after", loops[2], before[OpWrite], after[OpWrite])
+	}
+}

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // NVMe tier I/O latency: block requests of a set of disks (those that serve
-// the state dir's volume: the disk itself, or the disks under a
-// device-mapper, LVM or md stack) timed from issue to completion, aggregated
-// in the kernel into a log2 histogram per operation (0 read, 1 write).
+// the state dir's volume: the disk itself, the disks under a device-mapper,
+// LVM or md stack, or the path disks of an NVMe multipath head) timed from
+// issue to completion, aggregated in the kernel into a log2 histogram per
+// operation (0 read, 1 write).
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
@@ -15,6 +16,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 // (TP_PROTO(q, rq) until 5.11, (rq) since); set by the loader from the
 // kernel's BTF. The verifier prunes the branch not taken.
 volatile const bool issue_has_queue = false;
+
+// Whether target_names holds any disk: set by the loader. Without it a
+// request of an unwatched disk costs no name read.
+volatile const bool match_names = false;
 
 #define NSLOTS 64
 
@@ -33,6 +38,23 @@ struct {
 	__type(key, __u32);
 	__type(value, __u8);
 } targets SEC(".maps");
+
+#define DISK_NAME_LEN 32
+
+// The disks watched by name (zero-padded gendisk.disk_name): the hidden
+// per-path disks of NVMe native multipath, which carry the requests but have
+// no device number in sysfs (the kernel gives them none: device_add_disk
+// leaves a GENHD_FL_HIDDEN disk's devt 0). Shares MaxDisks with targets.
+struct name_key {
+	char name[DISK_NAME_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16);
+	__type(key, struct name_key);
+	__type(value, __u8);
+} target_names SEC(".maps");
 
 struct rq_key {
 	__u64 sector;
@@ -71,19 +93,34 @@ static __always_inline int op_of(struct request *rq)
 	return -1;
 }
 
-// dev_of is the tracepoints' dev field: the request's whole disk as a
-// kernel dev_t (MKDEV(major, first_minor)), 0 without a disk.
-static __always_inline __u32 dev_of(struct request *rq)
+// disk_of is the request's whole disk (for a request of an NVMe multipath
+// namespace, the path's disk, which the head's submit_bio sent the bio to).
+static __always_inline struct gendisk *disk_of(struct request *rq)
 {
 	struct request___old *old = (void *)rq;
-	struct gendisk *disk;
 	if (bpf_core_field_exists(old->rq_disk))
-		disk = BPF_CORE_READ(old, rq_disk);
-	else
-		disk = BPF_CORE_READ(rq, q, disk);
+		return BPF_CORE_READ(old, rq_disk);
+	return BPF_CORE_READ(rq, q, disk);
+}
+
+// watched reports whether the request's disk is one of the targets, and
+// sets *dev to the tracepoints' dev field: the disk as a kernel dev_t
+// (MKDEV(major, first_minor)), 0 without a disk.
+static __always_inline bool watched(struct request *rq, __u32 *dev)
+{
+	struct gendisk *disk = disk_of(rq);
+	*dev = 0;
 	if (!disk)
-		return 0;
-	return (__u32)BPF_CORE_READ(disk, major) << 20 | (__u32)BPF_CORE_READ(disk, first_minor);
+		return false;
+	*dev = (__u32)BPF_CORE_READ(disk, major) << 20 | (__u32)BPF_CORE_READ(disk, first_minor);
+	if (bpf_map_lookup_elem(&targets, dev))
+		return true;
+	if (!match_names)
+		return false;
+	struct name_key k = {};
+	if (bpf_core_read_str(k.name, sizeof(k.name), &disk->disk_name) <= 0)
+		return false;
+	return bpf_map_lookup_elem(&target_names, &k) != NULL;
 }
 
 static __always_inline __u32 log2_u64(__u64 v)
@@ -116,8 +153,8 @@ int handle_issue(__u64 *ctx)
 		rq = (struct request *)ctx[0];
 		barrier_var(rq);
 	}
-	__u32 dev = dev_of(rq);
-	if (!bpf_map_lookup_elem(&targets, &dev))
+	__u32 dev;
+	if (!watched(rq, &dev))
 		return 0;
 	// Every op is timed; complete counts reads and writes only.
 	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = dev};
@@ -129,8 +166,8 @@ int handle_issue(__u64 *ctx)
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(handle_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
 {
-	__u32 dev = dev_of(rq);
-	if (!bpf_map_lookup_elem(&targets, &dev))
+	__u32 dev;
+	if (!watched(rq, &dev))
 		return 0;
 	struct rq_key k = {.sector = BPF_CORE_READ(rq, __sector), .dev = dev};
 	__u64 *tsp = bpf_map_lookup_elem(&start, &k);

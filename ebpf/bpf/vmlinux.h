@@ -73,6 +73,7 @@ struct task_struct {
 struct gendisk {
 	int major;
 	int first_minor;
+	char disk_name[32];
 };
 
 struct request_queue {

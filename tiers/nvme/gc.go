@@ -271,6 +271,7 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 	var waits []chan struct{}
 	if _, hidden := s.hidden[k]; hidden {
 		relog = []Key{k}
+		s.markLoggedLocked(k, false)
 		if tw := s.tombs[k]; tw != nil {
 			waits = []chan struct{}{tw.done}
 		}

@@ -158,8 +158,9 @@ type Store struct {
 	// free, so that a Delete on a client's ring loop never waits for a
 	// write to a slow disk. The value is the Delete's number (delSeq): a
 	// Put of the key that locks its stripe after it supersedes it
-	// (putChunk).
-	hidden  map[Key]uint64
+	// (putChunk). logged: its tombstone is in badger after every record
+	// of it committed since, so the deleter writes none of its own.
+	hidden  map[Key]hiddenDel
 	delSeq  uint64
 	delKick chan struct{}
 	// tombs: the hidden blocks whose Delete is writing their tombstone
@@ -853,7 +854,7 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 	} else {
 		for i, k := range keys {
 			s.idx.put(k, int64(len(blocks[i])), seg, false)
-			if seq, ok := s.hidden[k]; ok && seq <= startSeq {
+			if h, ok := s.hidden[k]; ok && h.seq <= startSeq {
 				// Deleted while another write held the stripe, before
 				// this write of k began: this block is newer than the
 				// deletion, which must not remove it.
@@ -863,6 +864,7 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 				// Delete wins, and its tombstone may have landed
 				// before this record.
 				relog = append(relog, k)
+				s.markLoggedLocked(k, false)
 				if tw := s.tombs[k]; tw != nil {
 					relogWaits = append(relogWaits, tw.done)
 				}
@@ -1217,10 +1219,10 @@ func (s *Store) Delete(k Key) error {
 		return s.deleteLocked(k)
 	}
 	if s.hidden == nil {
-		s.hidden = map[Key]uint64{}
+		s.hidden = map[Key]hiddenDel{}
 	}
 	s.delSeq++
-	s.hidden[k] = s.delSeq
+	s.hidden[k] = hiddenDel{seq: s.delSeq}
 	// Only a stored block has a record to delete; one whose own write holds
 	// the stripe logs the tombstone again after its commit (relogDeletes).
 	_, stored := s.idx.get(k)
@@ -1244,14 +1246,23 @@ func (s *Store) Delete(k Key) error {
 		// runs does not bring the block back (hidden is memory only); the
 		// deleter takes it out of the index. Without room to log it, the
 		// deleter logs it later (lateDel).
+		logged := false
 		if s.deletionRoom() > 0 {
 			var kb [keyLen]byte
 			encodeKey(&kb, k)
 			if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(kb[:]) }); err != nil {
 				s.log.Warn("nvme: logging a hidden block's deletion failed; the deleter logs it", "ns", k.NS, "err", err)
+			} else {
+				logged = true
 			}
 		}
 		s.mu.Lock()
+		if logged {
+			// A write holding the stripe that commits k's record after
+			// this tombstone sets it back (relogDeletes), under the
+			// stripe the deleter waits for.
+			s.markLoggedLocked(k, true)
+		}
 		if tw.n--; tw.n == 0 {
 			close(tw.done)
 			delete(s.tombs, k)
@@ -1269,18 +1280,48 @@ func (s *Store) Delete(k Key) error {
 // 60 bytes each).
 const maxHidden = 1 << 16
 
+// hiddenDel is a Delete that hid its block (Store.hidden).
+type hiddenDel struct {
+	seq    uint64 // the Delete's number (delSeq)
+	logged bool   // its tombstone is in badger after the block's last record
+}
+
+// markLoggedLocked notes whether k's hiding Delete has its tombstone in
+// badger after k's last record, if k is hidden. Requires s.mu.
+func (s *Store) markLoggedLocked(k Key, logged bool) {
+	if h, ok := s.hidden[k]; ok {
+		h.logged = logged
+		s.hidden[k] = h
+	}
+}
+
 // relogDeletes logs again the tombstones of keys a Delete hid while the
 // caller, holding their stripes, committed new records for them (a Put
 // that began before the Delete, a compaction move): the Delete's own
 // tombstone may have landed first, and a crash before the deleter runs
 // would then bring the blocks back. waits are those Deletes' tombstone
 // writes still in flight. A Delete that hides one of the keys after this
-// logs its tombstone after the caller's commit.
+// logs its tombstone after the caller's commit. It notes whether the keys'
+// deletions are logged (hiddenDel.logged) after the waits, so that a
+// Delete's mark set after the caller's commit does not stand: the deleter,
+// which needs the stripes the caller holds, then logs only those that are
+// not.
 func (s *Store) relogDeletes(keys []Key, waits []chan struct{}) {
 	for _, w := range waits {
 		<-w
 	}
-	if len(keys) == 0 || s.deletionRoom() == 0 {
+	if len(keys) == 0 {
+		return
+	}
+	logged := false
+	defer func() {
+		s.mu.Lock()
+		for _, k := range keys {
+			s.markLoggedLocked(k, logged)
+		}
+		s.mu.Unlock()
+	}()
+	if s.deletionRoom() == 0 {
 		return // no room: the deleter deletes them (lateDel)
 	}
 	err := s.db.Update(func(txn *badger.Txn) error {
@@ -1295,7 +1336,9 @@ func (s *Store) relogDeletes(keys []Key, waits []chan struct{}) {
 	})
 	if err != nil {
 		s.log.Warn("nvme: logging the deletion of blocks hidden during a write failed; the deleter logs it", "blocks", len(keys), "err", err)
+		return
 	}
+	logged = true
 }
 
 // tombWait counts the Deletes writing a hidden key's tombstone; done is
@@ -1367,8 +1410,8 @@ func (s *Store) deleteHidden(ctx context.Context) {
 	}
 	s.mu.Lock()
 	todo := make([]pending, 0, len(s.hidden))
-	for k, seq := range s.hidden {
-		todo = append(todo, pending{k, seq})
+	for k, h := range s.hidden {
+		todo = append(todo, pending{k, h.seq})
 	}
 	s.mu.Unlock()
 	for _, p := range todo {
@@ -1382,11 +1425,23 @@ func (s *Store) deleteHidden(ctx context.Context) {
 		s.gate.RLock()
 		s.stripes[st].Lock()
 		s.mu.Lock()
-		seq, ok := s.hidden[p.k]
-		s.mu.Unlock()
+		h, ok := s.hidden[p.k]
+		if ok && h.seq == p.seq && h.logged {
+			// Its tombstone is in badger already (the Delete's, or the
+			// relog of a write that held the stripe): it only leaves the
+			// index.
+			sz, seg := s.idx.remove(p.k)
+			delete(s.hidden, p.k)
+			s.mu.Unlock()
+			if sz >= 0 && s.segs.release(seg, sz, false) {
+				s.wake()
+			}
+		} else {
+			s.mu.Unlock()
+		}
 		// Another Delete since (a larger seq) is handled in the next
 		// round; a Put that superseded it ended the hiding.
-		if ok && seq == p.seq {
+		if ok && h.seq == p.seq && !h.logged {
 			if err := s.deleteLocked(p.k); err != nil {
 				s.log.Warn("nvme: deleting a hidden block failed; its tombstone is written later", "ns", p.k.NS, "err", err)
 				s.deleteLate([]Key{p.k})
