@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
+
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // modelSpec is the part of a model's architecture that sizes its KV cache.
@@ -177,12 +180,16 @@ type planInput struct {
 
 // planTier is one tier of the split.
 type planTier struct {
-	Name          string  `json:"name"`
-	CapacityBytes uint64  `json:"capacity_bytes"`
-	RequestsFit   uint64  `json:"requests_fit"`
-	BlocksFit     uint64  `json:"blocks_fit"`
-	HoldsBytes    uint64  `json:"holds_bytes"`
-	HoldsShare    float64 `json:"holds_share"`
+	Name          string `json:"name"`
+	CapacityBytes uint64 `json:"capacity_bytes"`
+	// UsableBytes is what the tier fills with blocks before it evicts: the
+	// NVMe store's logical limit (below its capacity; every block charged
+	// nvme.BlockOverhead more than its bytes), else the capacity.
+	UsableBytes uint64  `json:"usable_bytes"`
+	RequestsFit uint64  `json:"requests_fit"`
+	BlocksFit   uint64  `json:"blocks_fit"`
+	HoldsBytes  uint64  `json:"holds_bytes"`
+	HoldsShare  float64 `json:"holds_share"`
 }
 
 // planResult is the planner's answer. Per-rank figures are what one tensor
@@ -316,11 +323,28 @@ func computePlan(in planInput) (planResult, error) {
 		if t.capa == 0 {
 			continue
 		}
-		holds := min(remaining, t.capa)
+		// A tier holds whole blocks, each charged its bytes plus the
+		// tier's per-block overhead, up to its usable bytes.
+		usable, charge := t.capa, r.BlockBytes
+		if t.name == "nvme" {
+			if t.capa < nvme.MinCapacity {
+				return planResult{}, fmt.Errorf("plan: --nvme-bytes %s is below the NVMe tier's minimum of %s",
+					humanize.IBytes(t.capa), humanize.IBytes(nvme.MinCapacity))
+			}
+			// The store evicts above its logical limit, not at its
+			// capacity (the rest is reserve for segments, GC and the
+			// index); the daemon takes at most MaxInt64.
+			usable = uint64(nvme.LogicalLimitFor(int64(min(t.capa, math.MaxInt64))))
+			if charge = add(charge, nvme.BlockOverhead); overflow {
+				return planResult{}, errors.New("plan: sizes overflow 64 bits")
+			}
+		}
+		blocks := usable / charge
+		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds
 		pt := planTier{
-			Name: t.name, CapacityBytes: t.capa,
-			RequestsFit: t.capa / r.BytesPerRequest, BlocksFit: t.capa / r.BlockBytes,
+			Name: t.name, CapacityBytes: t.capa, UsableBytes: usable,
+			RequestsFit: blocks / (r.BlocksPerRequest * tp), BlocksFit: blocks,
 			HoldsBytes: holds, HoldsShare: float64(holds) / float64(r.TotalBytes),
 		}
 		if holds > 0 {
@@ -349,7 +373,9 @@ func newPlanCmd(g *globals) *cobra.Command {
 average context, and how it splits across GPU, host and NVMe: per token (per
 tensor-parallel rank and in total), per block, per request and for the whole
 workload, how many requests fit in each tier, and into which tier the working
-set spills when the tiers fill in order gpu → host → nvme.
+set spills when the tiers fill in order gpu → host → nvme. The NVMe tier
+holds blocks up to its store's logical limit (about 90% of --nvme-bytes; the
+rest is its reserve), each block charged 192 bytes of index on top.
 
 GQA/MHA models cache K and V per KV head: 2 x layers x kv_heads x head_dim
 elements per token, the heads split across --tp ranks. MLA models (DeepSeek)
@@ -505,14 +531,14 @@ func printPlan(w io.Writer, r planResult) error {
 	}
 	fmt.Fprintf(w, "\ntiers from %s, filled in order:\n", r.TierSource)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TIER\tCAPACITY\tREQUESTS FIT\tBLOCKS FIT\tHOLDS\tSHARE\t")
+	fmt.Fprintln(tw, "TIER\tCAPACITY\tUSABLE\tREQUESTS FIT\tBLOCKS FIT\tHOLDS\tSHARE\t")
 	for _, t := range r.Tiers {
 		name := t.Name
 		if t.Name == "gpu" && r.TP > 1 {
 			name = fmt.Sprintf("gpu (%d x %s)", r.TP, humanize.IBytes(t.CapacityBytes/uint64(r.TP)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.1f%%\t\n", name, humanize.IBytes(t.CapacityBytes),
-			t.RequestsFit, t.BlocksFit, humanize.IBytes(t.HoldsBytes), 100*t.HoldsShare)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t\n", name, humanize.IBytes(t.CapacityBytes),
+			humanize.IBytes(t.UsableBytes), t.RequestsFit, t.BlocksFit, humanize.IBytes(t.HoldsBytes), 100*t.HoldsShare)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

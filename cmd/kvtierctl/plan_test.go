@@ -149,7 +149,9 @@ func TestComputePlanTiers(t *testing.T) {
 			[]tierWant{
 				{"gpu", 20 * gib, 20, 20 * gib, 10240, 312},
 				{"host", 32 * gib, 32, 32 * gib, 16384, 500},
-				{"nvme", 1 << 40, 1024, 12 * gib, 1 << 19, 187},
+				// Up to the store's logical limit, 0.9 TiB =
+				// 989560464998 B: 471816 blocks of 2 MiB + 192 B.
+				{"nvme", 1 << 40, 921, 12 * gib, 471816, 187},
 			}, "nvme", true, 0},
 		{"gpu per GPU times tp", 40 * gib, 64 * gib, 0, 2,
 			[]tierWant{
@@ -159,8 +161,10 @@ func TestComputePlanTiers(t *testing.T) {
 		{"does not fit", 0, 16 * gib, 16 * gib, 1,
 			[]tierWant{
 				{"host", 16 * gib, 16, 16 * gib, 8192, 250},
-				{"nvme", 16 * gib, 16, 16 * gib, 8192, 250},
-			}, "nvme", true, 32 * gib},
+				// Limit 16 GiB − (3·512 + 256 + 4) MiB = 15296626688
+				// B: 7293 blocks of 2 MiB + 192 B.
+				{"nvme", 16 * gib, 14, 7293 * 2 * mib, 7293, 222},
+			}, "nvme", true, 48*gib - 7293*2*mib},
 		{"partial request", 0, gib + gib/2, 0, 1,
 			[]tierWant{{"host", gib + gib/2, 1, gib + gib/2, 768, 23}}, "host", true, 64*gib - gib - gib/2},
 	}
@@ -365,5 +369,59 @@ func TestPlanLiveExplicitFlags(t *testing.T) {
 		if strings.Join(names, ",") != strings.Join(tc.tiers, ",") || fmt.Sprint(caps) != fmt.Sprint(tc.caps) || r.TierSource != tc.source {
 			t.Errorf("plan %v: tiers %v %v from %q; want %v %v from %q", tc.flags, names, caps, r.TierSource, tc.tiers, tc.caps, tc.source)
 		}
+	}
+}
+
+// The NVMe store evicts above its logical limit, min(C − 3·F − C/64 − 4 MiB,
+// 0.9·C) with F = clamp(C/32, 16 MiB, 1 GiB − 1) (tiers/nvme "Byte budget"),
+// and charges each block 192 bytes on top of its payload. The planner took
+// the whole capacity as block bytes: a 64 GiB working set "fit" a 64 GiB
+// NVMe tier that evicts from 57.6 GiB on.
+func TestPlanNVMeLogicalLimit(t *testing.T) {
+	const block = 2 * mib // llama-3-8b bf16, 16 tokens
+	tests := []struct {
+		name                 string
+		nvme                 uint64
+		usable, blocks, reqs uint64
+		short                uint64
+		wantErr              string
+	}{
+		// C = 64 GiB: F = 2^30 − 1, reserve = 3F + 1 GiB + 4 MiB =
+		// 4299161597 < C/10, so the limit is 0.9·C = 61847529062;
+		// 61847529062 / (2 MiB + 192) = 29488 blocks, 57 requests of 512.
+		{"64 GiB", 64 * gib, 61847529062, 29488, 57, 64*gib - 29488*block, ""},
+		// C = 1 GiB: F = 32 MiB, reserve = 96 + 16 + 4 MiB: the limit is
+		// C − 116 MiB = 952107008 (below 0.9·C); 453 blocks.
+		{"1 GiB", gib, 952107008, 453, 0, 64*gib - 453*block, ""},
+		// The daemon takes up to MaxInt64: 0.9 of it, not a wrapped C·9.
+		{"8 EiB", 1 << 63, 8301034833169298226, 8301034833169298226 / (block + 192), 8301034833169298226 / (block + 192) / 512, 0, ""},
+		{"below the minimum", 32 * mib, 0, 0, 0, 0, "minimum"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := computePlan(planInput{Model: preset(t, "llama-3-8b"), DType: "bf16", TP: 1, TokensPerBlock: 16,
+				Concurrency: 64, AvgContext: 8192, NVMeBytes: tt.nvme})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Tiers) != 1 {
+				t.Fatalf("tiers = %+v", r.Tiers)
+			}
+			nv := r.Tiers[0]
+			holds := min(64*gib, tt.blocks*block)
+			if nv.UsableBytes != tt.usable || nv.BlocksFit != tt.blocks || nv.RequestsFit != tt.reqs || nv.HoldsBytes != holds {
+				t.Errorf("nvme tier usable %d, %d blocks, %d requests, holds %d; want %d, %d, %d, %d",
+					nv.UsableBytes, nv.BlocksFit, nv.RequestsFit, nv.HoldsBytes, tt.usable, tt.blocks, tt.reqs, holds)
+			}
+			if r.ShortBytes != tt.short || r.Spills != (tt.short > 0) {
+				t.Errorf("short %d, spills %v; want %d, %v", r.ShortBytes, r.Spills, tt.short, tt.short > 0)
+			}
+		})
 	}
 }
