@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -176,7 +177,18 @@ type planInput struct {
 	// (the planner multiplies it by TP); host and NVMe are per host.
 	GPUBytes, HostBytes, NVMeBytes uint64
 	TierSource                     string
+	// SlabBytes is the host tier's slab size (the daemon's
+	// host.slab_bytes); 0 means its default.
+	SlabBytes uint64
 }
+
+// The host tier's allocator (tiers/doc.go): a slab holds
+// floor(SlabBytes/stride) blocks of one size, the stride being the block
+// size rounded up to hostAlign; a block larger than a slab is refused.
+const (
+	defaultSlabBytes = 64 << 20 // daemon: host.slab_bytes default
+	hostAlign        = 4096     // daemon: the host tier's slot alignment
+)
 
 // planTier is one tier of the split.
 type planTier struct {
@@ -251,6 +263,8 @@ func computePlan(in planInput) (planResult, error) {
 		return planResult{}, errors.New("plan: --concurrency must be positive")
 	case in.AvgContext <= 0:
 		return planResult{}, errors.New("plan: --avg-context must be positive")
+	case in.SlabBytes != 0 && (in.SlabBytes < 1<<20 || in.SlabBytes > 1<<30 || bits.OnesCount64(in.SlabBytes) != 1):
+		return planResult{}, fmt.Errorf("plan: --slab-bytes must be a power of two between 1MiB and 1GiB, got %d", in.SlabBytes)
 	}
 	r := planResult{
 		Model: m, KVDType: in.DType, QuantGroup: in.QuantGroup, TP: in.TP,
@@ -340,6 +354,17 @@ func computePlan(in planInput) (planResult, error) {
 			}
 		}
 		blocks := usable / charge
+		if t.name == "host" {
+			slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
+			// A slab is a multiple of hostAlign: a block no larger
+			// than a slab has a stride no larger than one.
+			if r.BlockBytes > slab {
+				return planResult{}, fmt.Errorf("plan: a block of %s does not fit the host tier's slabs of %s (host.slab_bytes; --slab-bytes)",
+					humanize.IBytes(r.BlockBytes), humanize.IBytes(slab))
+			}
+			stride := ceilDiv(r.BlockBytes, hostAlign) * hostAlign
+			blocks = t.capa / slab * (slab / stride)
+		}
 		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds
 		pt := planTier{
@@ -365,6 +390,7 @@ func newPlanCmd(g *globals) *cobra.Command {
 		live                 bool
 		in                   = planInput{TP: 1, TokensPerBlock: 16}
 		gpu, host, nvme      capacity
+		slab                 = capacity(defaultSlabBytes)
 	)
 	cmd := &cobra.Command{
 		Use:   "plan (--model NAME | --hf-config FILE) --concurrency N --avg-context TOKENS",
@@ -375,7 +401,9 @@ tensor-parallel rank and in total), per block, per request and for the whole
 workload, how many requests fit in each tier, and into which tier the working
 set spills when the tiers fill in order gpu → host → nvme. The NVMe tier
 holds blocks up to its store's logical limit (about 90% of --nvme-bytes; the
-rest is its reserve), each block charged 192 bytes of index on top.
+rest is its reserve), each block charged 192 bytes of index on top. The host
+tier holds whole blocks per slab (--slab-bytes, the daemon's host.slab_bytes),
+each rounded up to 4KiB.
 
 GQA/MHA models cache K and V per KV head: 2 x layers x kv_heads x head_dim
 elements per token, the heads split across --tp ranks. MLA models (DeepSeek)
@@ -385,7 +413,7 @@ fp16 scale per group of that many elements.
 
 Tier sizes come from --gpu-bytes (per GPU, times --tp), --host-bytes and
 --nvme-bytes, or from the running daemon's host and NVMe tiers when --socket
-or --live is given (explicit size flags still win).
+or --live is given, with the daemon's slab size (explicit size flags still win).
 
 Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 		Example: `  kvtierctl plan --model llama-3-8b --concurrency 64 --avg-context 8192
@@ -411,6 +439,9 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 			}
 			in.DType = strings.ToLower(dtype)
 			in.GPUBytes, in.HostBytes, in.NVMeBytes = uint64(gpu), uint64(host), uint64(nvme)
+			if in.SlabBytes = uint64(slab); in.SlabBytes == 0 {
+				return errors.New("plan: --slab-bytes must be a power of two between 1MiB and 1GiB, got 0")
+			}
 			if gpu > 0 || host > 0 || nvme > 0 {
 				in.TierSource = "flags"
 			}
@@ -430,8 +461,13 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 				f := cmd.Flags()
 				for _, t := range st.Tiers {
 					switch {
-					case t.Name == "host" && !f.Changed("host-bytes"):
-						in.HostBytes = uint64(max(t.CapacityBytes, 0))
+					case t.Name == "host":
+						if !f.Changed("host-bytes") {
+							in.HostBytes = uint64(max(t.CapacityBytes, 0))
+						}
+						if t.SlabBytes > 0 && !f.Changed("slab-bytes") {
+							in.SlabBytes = uint64(t.SlabBytes)
+						}
 					case t.Name == "nvme" && !f.Changed("nvme-bytes"):
 						in.NVMeBytes = uint64(max(t.CapacityBytes, 0))
 					}
@@ -463,6 +499,7 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 	f.Var(&gpu, "gpu-bytes", "KV cache `size` per GPU, e.g. 40GiB")
 	f.Var(&host, "host-bytes", "host tier `size`, e.g. 256GiB")
 	f.Var(&nvme, "nvme-bytes", "NVMe tier `size`, e.g. 2TiB")
+	f.Var(&slab, "slab-bytes", "the daemon's host.slab_bytes (with --socket: the daemon's): the host tier holds whole blocks, each rounded up to 4KiB, per slab of this `size`")
 	f.BoolVar(&live, "live", false, "take host and NVMe tier sizes from the daemon at --socket (implied by --socket)")
 	return cmd
 }

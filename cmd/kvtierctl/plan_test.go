@@ -425,3 +425,84 @@ func TestPlanNVMeLogicalLimit(t *testing.T) {
 		})
 	}
 }
+
+// The host tier's allocator cuts each slab (host.slab_bytes, 64 MiB by
+// default) into floor(slab / stride) slots, the stride being the block size
+// rounded up to 4 KiB, and refuses a block larger than a slab
+// (tiers/doc.go). The planner divided the capacity by the block size: it
+// overstated the blocks a host tier holds, and planned blocks no slab holds.
+func TestPlanHostSlabPacking(t *testing.T) {
+	tests := []struct {
+		name           string
+		model          string
+		tpb            int
+		slab, host     uint64
+		blocks, reqs   uint64
+		holds, short   uint64
+		wantErr        string
+		conc, avgCtxTk int
+	}{
+		// llama-3-70b bf16, 16 tokens: 16 x 327680 B = 5 MiB, 12 per
+		// 64 MiB slab (60 MiB used), 1024 slabs in 64 GiB: 12288 blocks
+		// (not 13107); a request is 512 blocks: 24 requests (not 25).
+		{"llama-3-70b 5 MiB blocks", "llama-3-70b", 16, 0, 64 * gib, 12288, 24, 12288 * 5 * mib, 32*512*5*mib - 12288*5*mib, "", 32, 8192},
+		// deepseek-v3 bf16, 16 tokens: 16 x 70272 = 1124352 B, stride
+		// 275 pages = 1126400 B, 59 per slab; 16 slabs in 1 GiB: 944
+		// blocks (not 954).
+		{"deepseek-v3 unaligned blocks", "deepseek-v3", 16, 0, gib, 944, 944 / 7, 21 * 7 * 1124352, 0, "", 21, 100},
+		// 256 tokens of llama-3-70b: 80 MiB, larger than a 64 MiB slab.
+		{"block larger than a slab", "llama-3-70b", 256, 0, gib, 0, 0, 0, 0, "slab", 1, 256},
+		// With 128 MiB slabs: one 80 MiB block per slab, 8 in 1 GiB.
+		{"slab-bytes 128MiB", "llama-3-70b", 256, 128 * mib, gib, 8, 8, 8 * 80 * mib, 2 * 80 * mib, "", 10, 256},
+		{"slab-bytes not a power of two", "llama-3-8b", 16, 96 * mib, gib, 0, 0, 0, 0, "--slab-bytes", 1, 16},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := computePlan(planInput{Model: preset(t, tt.model), DType: "bf16", TP: 1, TokensPerBlock: tt.tpb,
+				Concurrency: tt.conc, AvgContext: tt.avgCtxTk, HostBytes: tt.host, SlabBytes: tt.slab})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := r.Tiers[0]
+			if h.BlocksFit != tt.blocks || h.RequestsFit != tt.reqs || h.HoldsBytes != tt.holds || r.ShortBytes != tt.short {
+				t.Errorf("host tier %d blocks, %d requests, holds %d, short %d; want %d, %d, %d, %d",
+					h.BlocksFit, h.RequestsFit, h.HoldsBytes, r.ShortBytes, tt.blocks, tt.reqs, tt.holds, tt.short)
+			}
+		})
+	}
+	// The flag reaches the planner.
+	r := planJSON(t, "--model", "llama-3-70b", "--tokens-per-block", "256", "--avg-context", "256", "--host-bytes", "1GiB", "--slab-bytes", "128MiB")
+	if len(r.Tiers) != 1 || r.Tiers[0].BlocksFit != 8 {
+		t.Errorf("plan --slab-bytes 128MiB: %+v", r.Tiers)
+	}
+	if _, err := run(t, "plan", "--model", "llama-3-70b", "--tokens-per-block", "256", "--host-bytes", "1GiB"); err == nil {
+		t.Error("plan of 80 MiB blocks in 64 MiB slabs succeeded")
+	}
+}
+
+// plan --socket packs the host tier with the daemon's own slab size: this
+// daemon's 32 MiB host tier is two 16 MiB slabs of eight 2 MiB blocks each,
+// 16 blocks, where 64 MiB slabs would hold none.
+func TestPlanLiveSlabBytes(t *testing.T) {
+	sock, _ := restartableDaemon(t, t.TempDir(), 32) // host.slab_bytes 16 MiB
+	base := []string{"--model", "llama-3-8b", "--concurrency", "4", "--avg-context", "1024", "--socket", sock}
+	for _, tc := range []struct {
+		flags  []string
+		blocks uint64
+	}{
+		{nil, 16},
+		{[]string{"--slab-bytes", "32MiB"}, 16},
+		{[]string{"--slab-bytes", "64MiB"}, 0},
+	} {
+		r := planJSON(t, append(base, tc.flags...)...)
+		if len(r.Tiers) != 1 || r.Tiers[0].Name != "host" || r.Tiers[0].BlocksFit != tc.blocks {
+			t.Errorf("plan %v: tiers %+v, want a host tier of %d blocks", tc.flags, r.Tiers, tc.blocks)
+		}
+	}
+}
