@@ -80,6 +80,19 @@ type hfConfig struct {
 	TextConfig *hfConfig `json:"text_config"`
 }
 
+func ptr(v int) *int { return &v }
+
+// hfClassDefaults are the transformers config classes' defaults of the
+// fields that size the KV cache, for the model types whose defaults differ
+// from the generic fallbacks (num_key_value_heads = num_attention_heads,
+// head_dim = hidden_size / num_attention_heads). Only the values every
+// transformers release agrees on: Gemma's head_dim is 256 in all of them.
+var hfClassDefaults = map[string]hfConfig{
+	"gemma":       {HeadDim: ptr(256)},
+	"gemma2":      {HeadDim: ptr(256)},
+	"gemma3_text": {NumHiddenLayers: ptr(26), NumAttentionHeads: ptr(8), NumKeyValueHeads: ptr(4), HeadDim: ptr(256)},
+}
+
 func val(p *int) int {
 	if p == nil {
 		return 0
@@ -99,6 +112,16 @@ func parseHFConfig(data []byte, name string) (modelSpec, error) {
 			tc.NameOrPath = c.NameOrPath
 		}
 		c = tc
+	}
+	// transformers reads an absent field as the model class's default, and
+	// writes a multimodal model's text_config as a diff against those
+	// defaults (Gemma 3 12B's omits head_dim 256, which hidden_size /
+	// num_attention_heads = 240 is not).
+	if d, ok := hfClassDefaults[c.ModelType]; ok {
+		c.NumHiddenLayers = cmp.Or(c.NumHiddenLayers, d.NumHiddenLayers)
+		c.NumAttentionHeads = cmp.Or(c.NumAttentionHeads, d.NumAttentionHeads)
+		c.NumKeyValueHeads = cmp.Or(c.NumKeyValueHeads, d.NumKeyValueHeads)
+		c.HeadDim = cmp.Or(c.HeadDim, d.HeadDim)
 	}
 	m := modelSpec{Name: name}
 	if c.NameOrPath != "" {

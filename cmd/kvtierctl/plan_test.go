@@ -506,3 +506,45 @@ func TestPlanLiveSlabBytes(t *testing.T) {
 		}
 	}
 }
+
+// transformers reads a field absent from config.json as the model class's
+// default, and a multimodal model's text_config is written as a diff
+// against those defaults. Gemma 3 12B's text_config (below, as published)
+// omits head_dim (256, the class default): the planner took hidden_size /
+// num_attention_heads = 3840 / 16 = 240 and undersized its KV by 6.25%.
+// Gemma 3 4B's omits the heads too (8 and 4 KV heads by default).
+func TestParseHFConfigClassDefaults(t *testing.T) {
+	tests := []struct {
+		name, json string
+		want       modelSpec
+		perToken   uint64 // bf16: 2 x layers x kv heads x head_dim x 2 B
+	}{
+		{"gemma-3-12b", `{"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3","mm_tokens_per_image":256,
+			"text_config":{"hidden_size":3840,"intermediate_size":15360,"model_type":"gemma3_text","num_attention_heads":16,
+			"num_hidden_layers":48,"num_key_value_heads":8,"rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024},
+			"torch_dtype":"bfloat16","vision_config":{"hidden_size":1152,"model_type":"siglip_vision_model","num_hidden_layers":27}}`,
+			modelSpec{Name: "dir", Layers: 48, KVHeads: 8, HeadDim: 256}, 2 * 48 * 8 * 256 * 2},
+		{"gemma-3-4b", `{"model_type":"gemma3","text_config":{"hidden_size":2560,"intermediate_size":10240,
+			"model_type":"gemma3_text","num_hidden_layers":34,"sliding_window":1024}}`,
+			modelSpec{Name: "dir", Layers: 34, KVHeads: 4, HeadDim: 256}, 2 * 34 * 4 * 256 * 2},
+		// Gemma 2 9B without its head_dim: 256, not 3584 / 16 = 224.
+		{"gemma2 without head_dim", `{"model_type":"gemma2","num_hidden_layers":42,"num_attention_heads":16,
+			"num_key_value_heads":8,"hidden_size":3584}`,
+			modelSpec{Name: "dir", Layers: 42, KVHeads: 8, HeadDim: 256}, 2 * 42 * 8 * 256 * 2},
+		// Other model types keep the generic fallbacks.
+		{"llama without head_dim", `{"model_type":"llama","num_hidden_layers":32,"num_attention_heads":32,"hidden_size":4096}`,
+			modelSpec{Name: "dir", Layers: 32, KVHeads: 32, HeadDim: 128}, 2 * 32 * 32 * 128 * 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseHFConfig([]byte(tt.json), "dir")
+			if err != nil || got != tt.want {
+				t.Fatalf("parseHFConfig = %+v, %v; want %+v", got, err, tt.want)
+			}
+			r, err := computePlan(planInput{Model: got, DType: "bf16", TP: 1, TokensPerBlock: 16, Concurrency: 1, AvgContext: 16})
+			if err != nil || r.BytesPerToken != tt.perToken {
+				t.Fatalf("bytes per token = %d, %v; want %d", r.BytesPerToken, err, tt.perToken)
+			}
+		})
+	}
+}
