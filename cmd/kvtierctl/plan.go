@@ -217,9 +217,9 @@ const (
 type planTier struct {
 	Name          string `json:"name"`
 	CapacityBytes uint64 `json:"capacity_bytes"`
-	// UsableBytes is what the tier fills with blocks before it evicts: the
-	// NVMe store's logical limit (below its capacity; every block charged
-	// nvme.BlockOverhead more than its bytes), else the capacity.
+	// UsableBytes is the block bytes the tier holds at most (BlocksFit
+	// whole blocks): less than its capacity where the tier packs blocks
+	// into slabs (host) or evicts above a logical limit (NVMe).
 	UsableBytes uint64  `json:"usable_bytes"`
 	RequestsFit uint64  `json:"requests_fit"`
 	BlocksFit   uint64  `json:"blocks_fit"`
@@ -391,7 +391,7 @@ func computePlan(in planInput) (planResult, error) {
 		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds
 		pt := planTier{
-			Name: t.name, CapacityBytes: t.capa, UsableBytes: usable,
+			Name: t.name, CapacityBytes: t.capa, UsableBytes: blocks * r.BlockBytes,
 			RequestsFit: blocks / (r.BlocksPerRequest * tp), BlocksFit: blocks,
 			HoldsBytes: holds, HoldsShare: float64(holds) / float64(r.TotalBytes),
 		}

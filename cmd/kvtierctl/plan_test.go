@@ -389,12 +389,12 @@ func TestPlanNVMeLogicalLimit(t *testing.T) {
 		// C = 64 GiB: F = 2^30 − 1, reserve = 3F + 1 GiB + 4 MiB =
 		// 4299161597 < C/10, so the limit is 0.9·C = 61847529062;
 		// 61847529062 / (2 MiB + 192) = 29488 blocks, 57 requests of 512.
-		{"64 GiB", 64 * gib, 61847529062, 29488, 57, 64*gib - 29488*block, ""},
+		{"64 GiB", 64 * gib, 29488 * block, 29488, 57, 64*gib - 29488*block, ""},
 		// C = 1 GiB: F = 32 MiB, reserve = 96 + 16 + 4 MiB: the limit is
 		// C − 116 MiB = 952107008 (below 0.9·C); 453 blocks.
-		{"1 GiB", gib, 952107008, 453, 0, 64*gib - 453*block, ""},
+		{"1 GiB", gib, 453 * block, 453, 0, 64*gib - 453*block, ""},
 		// The daemon takes up to MaxInt64: 0.9 of it, not a wrapped C·9.
-		{"8 EiB", 1 << 63, 8301034833169298226, 8301034833169298226 / (block + 192), 8301034833169298226 / (block + 192) / 512, 0, ""},
+		{"8 EiB", 1 << 63, 8301034833169298226 / (block + 192) * block, 8301034833169298226 / (block + 192), 8301034833169298226 / (block + 192) / 512, 0, ""},
 		{"below the minimum", 32 * mib, 0, 0, 0, 0, "minimum"},
 	}
 	for _, tt := range tests {
@@ -470,6 +470,9 @@ func TestPlanHostSlabPacking(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := r.Tiers[0]
+			if h.UsableBytes != tt.blocks*r.BlockBytes {
+				t.Errorf("host tier usable %d, want %d blocks of %d", h.UsableBytes, tt.blocks, r.BlockBytes)
+			}
 			if h.BlocksFit != tt.blocks || h.RequestsFit != tt.reqs || h.HoldsBytes != tt.holds || r.ShortBytes != tt.short {
 				t.Errorf("host tier %d blocks, %d requests, holds %d, short %d; want %d, %d, %d, %d",
 					h.BlocksFit, h.RequestsFit, h.HoldsBytes, r.ShortBytes, tt.blocks, tt.reqs, tt.holds, tt.short)
