@@ -161,10 +161,23 @@ func parseHFConfig(data []byte, name string) (modelSpec, error) {
 	return m, nil
 }
 
+// maxHFConfigBytes bounds what plan reads of --hf-config: a config.json is
+// kilobytes, and a weights file or a device given by mistake must not be
+// read into memory whole.
+const maxHFConfigBytes = 16 << 20
+
 func loadHFConfig(path string) (modelSpec, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return modelSpec{}, fmt.Errorf("plan: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxHFConfigBytes+1))
+	switch {
+	case err != nil:
+		return modelSpec{}, fmt.Errorf("plan: %w", err)
+	case len(data) > maxHFConfigBytes:
+		return modelSpec{}, fmt.Errorf("plan: %s: larger than %s, not a config.json", path, humanize.IBytes(maxHFConfigBytes))
 	}
 	// A config.json is named after its directory (the model's repo).
 	name := filepath.Base(filepath.Dir(path))

@@ -551,3 +551,30 @@ func TestParseHFConfigClassDefaults(t *testing.T) {
 		})
 	}
 }
+
+// --hf-config given a weights file or a device by mistake: plan read it
+// into memory whole (/dev/zero until the process ran out of memory). It
+// now reads at most 16 MiB and says the file is no config.json.
+func TestLoadHFConfigBounded(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "model.safetensors")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 40); err != nil { // sparse: no disk used
+		f.Close()
+		t.Skipf("sparse file: %v", err)
+	}
+	f.Close()
+	for _, path := range []string{"/dev/zero", big} {
+		if _, err := loadHFConfig(path); err == nil || !strings.Contains(err.Error(), "not a config.json") {
+			t.Errorf("loadHFConfig(%s) = %v, want a not-a-config.json error", path, err)
+		}
+	}
+	// A config.json of any plausible size still reads.
+	path := writeFile(t, filepath.Join(t.TempDir(), "m", "config.json"),
+		`{"num_hidden_layers":2,"num_attention_heads":2,"hidden_size":128,"pad":"`+strings.Repeat("x", 1<<20)+`"}`)
+	if m, err := loadHFConfig(path); err != nil || m.Layers != 2 {
+		t.Errorf("loadHFConfig of a 1 MiB config = %+v, %v", m, err)
+	}
+}
