@@ -732,7 +732,7 @@ func (d *Daemon) Stats() shm.Stats {
 			Name: "host", CapacityBytes: d.hostCapacity(hs.CapacityBytes), UsedBytes: hs.UsedBytes, Blocks: hs.Blocks,
 			Reserved: hs.Reserved, Leased: hs.Leased, Hits: hs.Hits, Misses: hs.Misses,
 			Evictions: hostEvictions(hs, cs), HitRatio: ratio, HugePages: d.arena.Huge,
-			Compactions: hs.Compactions, CompactedBlocks: hs.CompactedBlocks,
+			Compactions: hs.Compactions, CompactedBlocks: hs.CompactedBlocks, SlabBytes: hs.SlabBytes,
 		}},
 		SessionsTotal: d.sessionsTotal.Load(), SessionsBad: d.sessionsBad.Load(),
 		Ops: map[string]uint64{},

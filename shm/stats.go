@@ -47,6 +47,9 @@ type TierStats struct {
 	Evictions     uint64  `json:"evictions"`
 	HitRatio      float64 `json:"hit_ratio"`
 	HugePages     bool    `json:"hugepages"`
+	// Host tier: the slab size of its allocator (each slab holds whole
+	// blocks of one size).
+	SlabBytes int64 `json:"slab_bytes,omitempty"`
 	// Host tier: slabs freed by compaction and the blocks it moved.
 	Compactions     uint64 `json:"compactions,omitempty"`
 	CompactedBlocks uint64 `json:"compacted_blocks,omitempty"`

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -14,6 +16,8 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
+
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // modelSpec is the part of a model's architecture that sizes its KV cache.
@@ -76,6 +80,19 @@ type hfConfig struct {
 	TextConfig *hfConfig `json:"text_config"`
 }
 
+func ptr(v int) *int { return &v }
+
+// hfClassDefaults are the transformers config classes' defaults of the
+// fields that size the KV cache, for the model types whose defaults differ
+// from the generic fallbacks (num_key_value_heads = num_attention_heads,
+// head_dim = hidden_size / num_attention_heads). Only the values every
+// transformers release agrees on: Gemma's head_dim is 256 in all of them.
+var hfClassDefaults = map[string]hfConfig{
+	"gemma":       {HeadDim: ptr(256)},
+	"gemma2":      {HeadDim: ptr(256)},
+	"gemma3_text": {NumHiddenLayers: ptr(26), NumAttentionHeads: ptr(8), NumKeyValueHeads: ptr(4), HeadDim: ptr(256)},
+}
+
 func val(p *int) int {
 	if p == nil {
 		return 0
@@ -95,6 +112,16 @@ func parseHFConfig(data []byte, name string) (modelSpec, error) {
 			tc.NameOrPath = c.NameOrPath
 		}
 		c = tc
+	}
+	// transformers reads an absent field as the model class's default, and
+	// writes a multimodal model's text_config as a diff against those
+	// defaults (Gemma 3 12B's omits head_dim 256, which hidden_size /
+	// num_attention_heads = 240 is not).
+	if d, ok := hfClassDefaults[c.ModelType]; ok {
+		c.NumHiddenLayers = cmp.Or(c.NumHiddenLayers, d.NumHiddenLayers)
+		c.NumAttentionHeads = cmp.Or(c.NumAttentionHeads, d.NumAttentionHeads)
+		c.NumKeyValueHeads = cmp.Or(c.NumKeyValueHeads, d.NumKeyValueHeads)
+		c.HeadDim = cmp.Or(c.HeadDim, d.HeadDim)
 	}
 	m := modelSpec{Name: name}
 	if c.NameOrPath != "" {
@@ -134,10 +161,23 @@ func parseHFConfig(data []byte, name string) (modelSpec, error) {
 	return m, nil
 }
 
+// maxHFConfigBytes bounds what plan reads of --hf-config: a config.json is
+// kilobytes, and a weights file or a device given by mistake must not be
+// read into memory whole.
+const maxHFConfigBytes = 16 << 20
+
 func loadHFConfig(path string) (modelSpec, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return modelSpec{}, fmt.Errorf("plan: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxHFConfigBytes+1))
+	switch {
+	case err != nil:
+		return modelSpec{}, fmt.Errorf("plan: %w", err)
+	case len(data) > maxHFConfigBytes:
+		return modelSpec{}, fmt.Errorf("plan: %s: larger than %s, not a config.json", path, humanize.IBytes(maxHFConfigBytes))
 	}
 	// A config.json is named after its directory (the model's repo).
 	name := filepath.Base(filepath.Dir(path))
@@ -173,16 +213,31 @@ type planInput struct {
 	// (the planner multiplies it by TP); host and NVMe are per host.
 	GPUBytes, HostBytes, NVMeBytes uint64
 	TierSource                     string
+	// SlabBytes is the host tier's slab size (the daemon's
+	// host.slab_bytes); 0 means its default.
+	SlabBytes uint64
 }
+
+// The host tier's allocator (tiers/doc.go): a slab holds
+// floor(SlabBytes/stride) blocks of one size, the stride being the block
+// size rounded up to hostAlign; a block larger than a slab is refused.
+const (
+	defaultSlabBytes = 64 << 20 // daemon: host.slab_bytes default
+	hostAlign        = 4096     // daemon: the host tier's slot alignment
+)
 
 // planTier is one tier of the split.
 type planTier struct {
-	Name          string  `json:"name"`
-	CapacityBytes uint64  `json:"capacity_bytes"`
-	RequestsFit   uint64  `json:"requests_fit"`
-	BlocksFit     uint64  `json:"blocks_fit"`
-	HoldsBytes    uint64  `json:"holds_bytes"`
-	HoldsShare    float64 `json:"holds_share"`
+	Name          string `json:"name"`
+	CapacityBytes uint64 `json:"capacity_bytes"`
+	// UsableBytes is the block bytes the tier holds at most (BlocksFit
+	// whole blocks): less than its capacity where the tier packs blocks
+	// into slabs (host) or evicts above a logical limit (NVMe).
+	UsableBytes uint64  `json:"usable_bytes"`
+	RequestsFit uint64  `json:"requests_fit"`
+	BlocksFit   uint64  `json:"blocks_fit"`
+	HoldsBytes  uint64  `json:"holds_bytes"`
+	HoldsShare  float64 `json:"holds_share"`
 }
 
 // planResult is the planner's answer. Per-rank figures are what one tensor
@@ -244,6 +299,8 @@ func computePlan(in planInput) (planResult, error) {
 		return planResult{}, errors.New("plan: --concurrency must be positive")
 	case in.AvgContext <= 0:
 		return planResult{}, errors.New("plan: --avg-context must be positive")
+	case in.SlabBytes != 0 && (in.SlabBytes < 1<<20 || in.SlabBytes > 1<<30 || bits.OnesCount64(in.SlabBytes) != 1):
+		return planResult{}, fmt.Errorf("plan: --slab-bytes must be a power of two between 1MiB and 1GiB, got %d", in.SlabBytes)
 	}
 	r := planResult{
 		Model: m, KVDType: in.DType, QuantGroup: in.QuantGroup, TP: in.TP,
@@ -316,11 +373,39 @@ func computePlan(in planInput) (planResult, error) {
 		if t.capa == 0 {
 			continue
 		}
-		holds := min(remaining, t.capa)
+		// A tier holds whole blocks, each charged its bytes plus the
+		// tier's per-block overhead, up to its usable bytes.
+		usable, charge := t.capa, r.BlockBytes
+		if t.name == "nvme" {
+			if t.capa < nvme.MinCapacity {
+				return planResult{}, fmt.Errorf("plan: --nvme-bytes %s is below the NVMe tier's minimum of %s",
+					humanize.IBytes(t.capa), humanize.IBytes(nvme.MinCapacity))
+			}
+			// The store evicts above its logical limit, not at its
+			// capacity (the rest is reserve for segments, GC and the
+			// index); the daemon takes at most MaxInt64.
+			usable = uint64(nvme.LogicalLimitFor(int64(min(t.capa, math.MaxInt64))))
+			if charge = add(charge, nvme.BlockOverhead); overflow {
+				return planResult{}, errors.New("plan: sizes overflow 64 bits")
+			}
+		}
+		blocks := usable / charge
+		if t.name == "host" {
+			slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
+			// A slab is a multiple of hostAlign: a block no larger
+			// than a slab has a stride no larger than one.
+			if r.BlockBytes > slab {
+				return planResult{}, fmt.Errorf("plan: a block of %s does not fit the host tier's slabs of %s (host.slab_bytes; --slab-bytes)",
+					humanize.IBytes(r.BlockBytes), humanize.IBytes(slab))
+			}
+			stride := ceilDiv(r.BlockBytes, hostAlign) * hostAlign
+			blocks = t.capa / slab * (slab / stride)
+		}
+		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds
 		pt := planTier{
-			Name: t.name, CapacityBytes: t.capa,
-			RequestsFit: t.capa / r.BytesPerRequest, BlocksFit: t.capa / r.BlockBytes,
+			Name: t.name, CapacityBytes: t.capa, UsableBytes: blocks * r.BlockBytes,
+			RequestsFit: blocks / (r.BlocksPerRequest * tp), BlocksFit: blocks,
 			HoldsBytes: holds, HoldsShare: float64(holds) / float64(r.TotalBytes),
 		}
 		if holds > 0 {
@@ -341,6 +426,7 @@ func newPlanCmd(g *globals) *cobra.Command {
 		live                 bool
 		in                   = planInput{TP: 1, TokensPerBlock: 16}
 		gpu, host, nvme      capacity
+		slab                 = capacity(defaultSlabBytes)
 	)
 	cmd := &cobra.Command{
 		Use:   "plan (--model NAME | --hf-config FILE) --concurrency N --avg-context TOKENS",
@@ -349,7 +435,11 @@ func newPlanCmd(g *globals) *cobra.Command {
 average context, and how it splits across GPU, host and NVMe: per token (per
 tensor-parallel rank and in total), per block, per request and for the whole
 workload, how many requests fit in each tier, and into which tier the working
-set spills when the tiers fill in order gpu → host → nvme.
+set spills when the tiers fill in order gpu → host → nvme. The NVMe tier
+holds blocks up to its store's logical limit (about 90% of --nvme-bytes; the
+rest is its reserve), each block charged 192 bytes of index on top. The host
+tier holds whole blocks per slab (--slab-bytes, the daemon's host.slab_bytes),
+each rounded up to 4KiB.
 
 GQA/MHA models cache K and V per KV head: 2 x layers x kv_heads x head_dim
 elements per token, the heads split across --tp ranks. MLA models (DeepSeek)
@@ -359,7 +449,7 @@ fp16 scale per group of that many elements.
 
 Tier sizes come from --gpu-bytes (per GPU, times --tp), --host-bytes and
 --nvme-bytes, or from the running daemon's host and NVMe tiers when --socket
-or --live is given (explicit size flags still win).
+or --live is given, with the daemon's slab size (explicit size flags still win).
 
 Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 		Example: `  kvtierctl plan --model llama-3-8b --concurrency 64 --avg-context 8192
@@ -385,6 +475,9 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 			}
 			in.DType = strings.ToLower(dtype)
 			in.GPUBytes, in.HostBytes, in.NVMeBytes = uint64(gpu), uint64(host), uint64(nvme)
+			if in.SlabBytes = uint64(slab); in.SlabBytes == 0 {
+				return errors.New("plan: --slab-bytes must be a power of two between 1MiB and 1GiB, got 0")
+			}
 			if gpu > 0 || host > 0 || nvme > 0 {
 				in.TierSource = "flags"
 			}
@@ -404,8 +497,13 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 				f := cmd.Flags()
 				for _, t := range st.Tiers {
 					switch {
-					case t.Name == "host" && !f.Changed("host-bytes"):
-						in.HostBytes = uint64(max(t.CapacityBytes, 0))
+					case t.Name == "host":
+						if !f.Changed("host-bytes") {
+							in.HostBytes = uint64(max(t.CapacityBytes, 0))
+						}
+						if t.SlabBytes > 0 && !f.Changed("slab-bytes") {
+							in.SlabBytes = uint64(t.SlabBytes)
+						}
 					case t.Name == "nvme" && !f.Changed("nvme-bytes"):
 						in.NVMeBytes = uint64(max(t.CapacityBytes, 0))
 					}
@@ -437,6 +535,7 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 	f.Var(&gpu, "gpu-bytes", "KV cache `size` per GPU, e.g. 40GiB")
 	f.Var(&host, "host-bytes", "host tier `size`, e.g. 256GiB")
 	f.Var(&nvme, "nvme-bytes", "NVMe tier `size`, e.g. 2TiB")
+	f.Var(&slab, "slab-bytes", "the daemon's host.slab_bytes (with --socket: the daemon's): the host tier holds whole blocks, each rounded up to 4KiB, per slab of this `size`")
 	f.BoolVar(&live, "live", false, "take host and NVMe tier sizes from the daemon at --socket (implied by --socket)")
 	return cmd
 }
@@ -505,14 +604,14 @@ func printPlan(w io.Writer, r planResult) error {
 	}
 	fmt.Fprintf(w, "\ntiers from %s, filled in order:\n", r.TierSource)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TIER\tCAPACITY\tREQUESTS FIT\tBLOCKS FIT\tHOLDS\tSHARE\t")
+	fmt.Fprintln(tw, "TIER\tCAPACITY\tUSABLE\tREQUESTS FIT\tBLOCKS FIT\tHOLDS\tSHARE\t")
 	for _, t := range r.Tiers {
 		name := t.Name
 		if t.Name == "gpu" && r.TP > 1 {
 			name = fmt.Sprintf("gpu (%d x %s)", r.TP, humanize.IBytes(t.CapacityBytes/uint64(r.TP)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.1f%%\t\n", name, humanize.IBytes(t.CapacityBytes),
-			t.RequestsFit, t.BlocksFit, humanize.IBytes(t.HoldsBytes), 100*t.HoldsShare)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t\n", name, humanize.IBytes(t.CapacityBytes),
+			humanize.IBytes(t.UsableBytes), t.RequestsFit, t.BlocksFit, humanize.IBytes(t.HoldsBytes), 100*t.HoldsShare)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

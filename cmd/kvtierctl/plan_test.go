@@ -149,7 +149,9 @@ func TestComputePlanTiers(t *testing.T) {
 			[]tierWant{
 				{"gpu", 20 * gib, 20, 20 * gib, 10240, 312},
 				{"host", 32 * gib, 32, 32 * gib, 16384, 500},
-				{"nvme", 1 << 40, 1024, 12 * gib, 1 << 19, 187},
+				// Up to the store's logical limit, 0.9 TiB =
+				// 989560464998 B: 471816 blocks of 2 MiB + 192 B.
+				{"nvme", 1 << 40, 921, 12 * gib, 471816, 187},
 			}, "nvme", true, 0},
 		{"gpu per GPU times tp", 40 * gib, 64 * gib, 0, 2,
 			[]tierWant{
@@ -159,8 +161,10 @@ func TestComputePlanTiers(t *testing.T) {
 		{"does not fit", 0, 16 * gib, 16 * gib, 1,
 			[]tierWant{
 				{"host", 16 * gib, 16, 16 * gib, 8192, 250},
-				{"nvme", 16 * gib, 16, 16 * gib, 8192, 250},
-			}, "nvme", true, 32 * gib},
+				// Limit 16 GiB − (3·512 + 256 + 4) MiB = 15296626688
+				// B: 7293 blocks of 2 MiB + 192 B.
+				{"nvme", 16 * gib, 14, 7293 * 2 * mib, 7293, 222},
+			}, "nvme", true, 48*gib - 7293*2*mib},
 		{"partial request", 0, gib + gib/2, 0, 1,
 			[]tierWant{{"host", gib + gib/2, 1, gib + gib/2, 768, 23}}, "host", true, 64*gib - gib - gib/2},
 	}
@@ -365,5 +369,212 @@ func TestPlanLiveExplicitFlags(t *testing.T) {
 		if strings.Join(names, ",") != strings.Join(tc.tiers, ",") || fmt.Sprint(caps) != fmt.Sprint(tc.caps) || r.TierSource != tc.source {
 			t.Errorf("plan %v: tiers %v %v from %q; want %v %v from %q", tc.flags, names, caps, r.TierSource, tc.tiers, tc.caps, tc.source)
 		}
+	}
+}
+
+// The NVMe store evicts above its logical limit, min(C − 3·F − C/64 − 4 MiB,
+// 0.9·C) with F = clamp(C/32, 16 MiB, 1 GiB − 1) (tiers/nvme "Byte budget"),
+// and charges each block 192 bytes on top of its payload. The planner took
+// the whole capacity as block bytes: a 64 GiB working set "fit" a 64 GiB
+// NVMe tier that evicts from 57.6 GiB on.
+func TestPlanNVMeLogicalLimit(t *testing.T) {
+	const block = 2 * mib // llama-3-8b bf16, 16 tokens
+	tests := []struct {
+		name                 string
+		nvme                 uint64
+		usable, blocks, reqs uint64
+		short                uint64
+		wantErr              string
+	}{
+		// C = 64 GiB: F = 2^30 − 1, reserve = 3F + 1 GiB + 4 MiB =
+		// 4299161597 < C/10, so the limit is 0.9·C = 61847529062;
+		// 61847529062 / (2 MiB + 192) = 29488 blocks, 57 requests of 512.
+		{"64 GiB", 64 * gib, 29488 * block, 29488, 57, 64*gib - 29488*block, ""},
+		// C = 1 GiB: F = 32 MiB, reserve = 96 + 16 + 4 MiB: the limit is
+		// C − 116 MiB = 952107008 (below 0.9·C); 453 blocks.
+		{"1 GiB", gib, 453 * block, 453, 0, 64*gib - 453*block, ""},
+		// The daemon takes up to MaxInt64: 0.9 of it, not a wrapped C·9.
+		{"8 EiB", 1 << 63, 8301034833169298226 / (block + 192) * block, 8301034833169298226 / (block + 192), 8301034833169298226 / (block + 192) / 512, 0, ""},
+		{"below the minimum", 32 * mib, 0, 0, 0, 0, "minimum"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := computePlan(planInput{Model: preset(t, "llama-3-8b"), DType: "bf16", TP: 1, TokensPerBlock: 16,
+				Concurrency: 64, AvgContext: 8192, NVMeBytes: tt.nvme})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Tiers) != 1 {
+				t.Fatalf("tiers = %+v", r.Tiers)
+			}
+			nv := r.Tiers[0]
+			holds := min(64*gib, tt.blocks*block)
+			if nv.UsableBytes != tt.usable || nv.BlocksFit != tt.blocks || nv.RequestsFit != tt.reqs || nv.HoldsBytes != holds {
+				t.Errorf("nvme tier usable %d, %d blocks, %d requests, holds %d; want %d, %d, %d, %d",
+					nv.UsableBytes, nv.BlocksFit, nv.RequestsFit, nv.HoldsBytes, tt.usable, tt.blocks, tt.reqs, holds)
+			}
+			if r.ShortBytes != tt.short || r.Spills != (tt.short > 0) {
+				t.Errorf("short %d, spills %v; want %d, %v", r.ShortBytes, r.Spills, tt.short, tt.short > 0)
+			}
+		})
+	}
+}
+
+// The host tier's allocator cuts each slab (host.slab_bytes, 64 MiB by
+// default) into floor(slab / stride) slots, the stride being the block size
+// rounded up to 4 KiB, and refuses a block larger than a slab
+// (tiers/doc.go). The planner divided the capacity by the block size: it
+// overstated the blocks a host tier holds, and planned blocks no slab holds.
+func TestPlanHostSlabPacking(t *testing.T) {
+	tests := []struct {
+		name           string
+		model          string
+		tpb            int
+		slab, host     uint64
+		blocks, reqs   uint64
+		holds, short   uint64
+		wantErr        string
+		conc, avgCtxTk int
+	}{
+		// llama-3-70b bf16, 16 tokens: 16 x 327680 B = 5 MiB, 12 per
+		// 64 MiB slab (60 MiB used), 1024 slabs in 64 GiB: 12288 blocks
+		// (not 13107); a request is 512 blocks: 24 requests (not 25).
+		{"llama-3-70b 5 MiB blocks", "llama-3-70b", 16, 0, 64 * gib, 12288, 24, 12288 * 5 * mib, 32*512*5*mib - 12288*5*mib, "", 32, 8192},
+		// deepseek-v3 bf16, 16 tokens: 16 x 70272 = 1124352 B, stride
+		// 275 pages = 1126400 B, 59 per slab; 16 slabs in 1 GiB: 944
+		// blocks (not 954).
+		{"deepseek-v3 unaligned blocks", "deepseek-v3", 16, 0, gib, 944, 944 / 7, 21 * 7 * 1124352, 0, "", 21, 100},
+		// 256 tokens of llama-3-70b: 80 MiB, larger than a 64 MiB slab.
+		{"block larger than a slab", "llama-3-70b", 256, 0, gib, 0, 0, 0, 0, "slab", 1, 256},
+		// With 128 MiB slabs: one 80 MiB block per slab, 8 in 1 GiB.
+		{"slab-bytes 128MiB", "llama-3-70b", 256, 128 * mib, gib, 8, 8, 8 * 80 * mib, 2 * 80 * mib, "", 10, 256},
+		{"slab-bytes not a power of two", "llama-3-8b", 16, 96 * mib, gib, 0, 0, 0, 0, "--slab-bytes", 1, 16},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := computePlan(planInput{Model: preset(t, tt.model), DType: "bf16", TP: 1, TokensPerBlock: tt.tpb,
+				Concurrency: tt.conc, AvgContext: tt.avgCtxTk, HostBytes: tt.host, SlabBytes: tt.slab})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := r.Tiers[0]
+			if h.UsableBytes != tt.blocks*r.BlockBytes {
+				t.Errorf("host tier usable %d, want %d blocks of %d", h.UsableBytes, tt.blocks, r.BlockBytes)
+			}
+			if h.BlocksFit != tt.blocks || h.RequestsFit != tt.reqs || h.HoldsBytes != tt.holds || r.ShortBytes != tt.short {
+				t.Errorf("host tier %d blocks, %d requests, holds %d, short %d; want %d, %d, %d, %d",
+					h.BlocksFit, h.RequestsFit, h.HoldsBytes, r.ShortBytes, tt.blocks, tt.reqs, tt.holds, tt.short)
+			}
+		})
+	}
+	// The flag reaches the planner.
+	r := planJSON(t, "--model", "llama-3-70b", "--tokens-per-block", "256", "--avg-context", "256", "--host-bytes", "1GiB", "--slab-bytes", "128MiB")
+	if len(r.Tiers) != 1 || r.Tiers[0].BlocksFit != 8 {
+		t.Errorf("plan --slab-bytes 128MiB: %+v", r.Tiers)
+	}
+	if _, err := run(t, "plan", "--model", "llama-3-70b", "--tokens-per-block", "256", "--host-bytes", "1GiB"); err == nil {
+		t.Error("plan of 80 MiB blocks in 64 MiB slabs succeeded")
+	}
+}
+
+// plan --socket packs the host tier with the daemon's own slab size: this
+// daemon's 32 MiB host tier is two 16 MiB slabs of eight 2 MiB blocks each,
+// 16 blocks, where 64 MiB slabs would hold none.
+func TestPlanLiveSlabBytes(t *testing.T) {
+	sock, _ := restartableDaemon(t, t.TempDir(), 32) // host.slab_bytes 16 MiB
+	base := []string{"--model", "llama-3-8b", "--concurrency", "4", "--avg-context", "1024", "--socket", sock}
+	for _, tc := range []struct {
+		flags  []string
+		blocks uint64
+	}{
+		{nil, 16},
+		{[]string{"--slab-bytes", "32MiB"}, 16},
+		{[]string{"--slab-bytes", "64MiB"}, 0},
+	} {
+		r := planJSON(t, append(base, tc.flags...)...)
+		if len(r.Tiers) != 1 || r.Tiers[0].Name != "host" || r.Tiers[0].BlocksFit != tc.blocks {
+			t.Errorf("plan %v: tiers %+v, want a host tier of %d blocks", tc.flags, r.Tiers, tc.blocks)
+		}
+	}
+}
+
+// transformers reads a field absent from config.json as the model class's
+// default, and a multimodal model's text_config is written as a diff
+// against those defaults. Gemma 3 12B's text_config (below, as published)
+// omits head_dim (256, the class default): the planner took hidden_size /
+// num_attention_heads = 3840 / 16 = 240 and undersized its KV by 6.25%.
+// Gemma 3 4B's omits the heads too (8 and 4 KV heads by default).
+func TestParseHFConfigClassDefaults(t *testing.T) {
+	tests := []struct {
+		name, json string
+		want       modelSpec
+		perToken   uint64 // bf16: 2 x layers x kv heads x head_dim x 2 B
+	}{
+		{"gemma-3-12b", `{"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3","mm_tokens_per_image":256,
+			"text_config":{"hidden_size":3840,"intermediate_size":15360,"model_type":"gemma3_text","num_attention_heads":16,
+			"num_hidden_layers":48,"num_key_value_heads":8,"rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024},
+			"torch_dtype":"bfloat16","vision_config":{"hidden_size":1152,"model_type":"siglip_vision_model","num_hidden_layers":27}}`,
+			modelSpec{Name: "dir", Layers: 48, KVHeads: 8, HeadDim: 256}, 2 * 48 * 8 * 256 * 2},
+		{"gemma-3-4b", `{"model_type":"gemma3","text_config":{"hidden_size":2560,"intermediate_size":10240,
+			"model_type":"gemma3_text","num_hidden_layers":34,"sliding_window":1024}}`,
+			modelSpec{Name: "dir", Layers: 34, KVHeads: 4, HeadDim: 256}, 2 * 34 * 4 * 256 * 2},
+		// Gemma 2 9B without its head_dim: 256, not 3584 / 16 = 224.
+		{"gemma2 without head_dim", `{"model_type":"gemma2","num_hidden_layers":42,"num_attention_heads":16,
+			"num_key_value_heads":8,"hidden_size":3584}`,
+			modelSpec{Name: "dir", Layers: 42, KVHeads: 8, HeadDim: 256}, 2 * 42 * 8 * 256 * 2},
+		// Other model types keep the generic fallbacks.
+		{"llama without head_dim", `{"model_type":"llama","num_hidden_layers":32,"num_attention_heads":32,"hidden_size":4096}`,
+			modelSpec{Name: "dir", Layers: 32, KVHeads: 32, HeadDim: 128}, 2 * 32 * 32 * 128 * 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseHFConfig([]byte(tt.json), "dir")
+			if err != nil || got != tt.want {
+				t.Fatalf("parseHFConfig = %+v, %v; want %+v", got, err, tt.want)
+			}
+			r, err := computePlan(planInput{Model: got, DType: "bf16", TP: 1, TokensPerBlock: 16, Concurrency: 1, AvgContext: 16})
+			if err != nil || r.BytesPerToken != tt.perToken {
+				t.Fatalf("bytes per token = %d, %v; want %d", r.BytesPerToken, err, tt.perToken)
+			}
+		})
+	}
+}
+
+// --hf-config given a weights file or a device by mistake: plan read it
+// into memory whole (/dev/zero until the process ran out of memory). It
+// now reads at most 16 MiB and says the file is no config.json.
+func TestLoadHFConfigBounded(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "model.safetensors")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 40); err != nil { // sparse: no disk used
+		f.Close()
+		t.Skipf("sparse file: %v", err)
+	}
+	f.Close()
+	for _, path := range []string{"/dev/zero", big} {
+		if _, err := loadHFConfig(path); err == nil || !strings.Contains(err.Error(), "not a config.json") {
+			t.Errorf("loadHFConfig(%s) = %v, want a not-a-config.json error", path, err)
+		}
+	}
+	// A config.json of any plausible size still reads.
+	path := writeFile(t, filepath.Join(t.TempDir(), "m", "config.json"),
+		`{"num_hidden_layers":2,"num_attention_heads":2,"hidden_size":128,"pad":"`+strings.Repeat("x", 1<<20)+`"}`)
+	if m, err := loadHFConfig(path); err != nil || m.Layers != 2 {
+		t.Errorf("loadHFConfig of a 1 MiB config = %+v, %v", m, err)
 	}
 }

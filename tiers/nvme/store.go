@@ -205,11 +205,25 @@ func budgetFor(C, segFileSize int64) *budget {
 	// Room for: the segments the lanes append to (never collected), one
 	// partly dead segment, the badger index (~100 B/block) and small files.
 	reserve := (nLanes+1)*segFileSize + C/64 + 4<<20
-	b := &budget{capacity: C, baseLimit: min(C-reserve, C*9/10), softCap: C - segFileSize/2}
+	// 9C/10 without the 64-bit overflow of C*9 (a capacity may reach
+	// MaxInt64).
+	b := &budget{capacity: C, baseLimit: min(C-reserve, C/10*9+C%10*9/10), softCap: C - segFileSize/2}
 	if b.baseLimit < C/4 {
 		b.baseLimit = C / 4
 	}
 	return b
+}
+
+// BlockOverhead is what the byte budget charges per block on top of its
+// payload (see "Byte budget").
+const BlockOverhead = blockOverhead
+
+// LogicalLimitFor is the logical limit of a store opened with the given
+// CapacityBytes, before any adaptive penalty: the charged bytes (payload
+// plus BlockOverhead per block) it holds before Put evicts. kvtierctl plan
+// sizes the NVMe tier with it.
+func LogicalLimitFor(capacity int64) int64 {
+	return budgetFor(capacity, segFileSizeFor(capacity)).baseLimit
 }
 
 func (s *Store) capacity() int64 { return s.bud.Load().capacity }
