@@ -153,8 +153,21 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 
 	region, err := shm.CreateRegion(fmt.Sprintf("kvtier-session-%d", id), layout.Size(), false)
 	if err != nil {
+		err = fmt.Errorf("session %d: %w", id, err)
+		if acceptRetryable(err) {
+			// Out of fds (or memory) for now: the peer may try again
+			// once sessions close; the operator needs the reason.
+			reason := "out of memory"
+			if outOfFDs(err) {
+				reason = "out of file descriptors"
+			}
+			log.Warn("session refused: "+reason, "err", err, "fd_limit", fdLimit())
+			d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is %s: %v (its file descriptor limit is %d); try again later", reason, errors.Unwrap(err), fdLimit()))
+			return nil, err
+		}
+		log.Warn("session refused: cannot create its ring region", "err", err)
 		d.refuse(c, shm.CodeInternal, "cannot create ring region")
-		return nil, fmt.Errorf("session %d: %w", id, err)
+		return nil, err
 	}
 	ring, err := shm.NewRing(region.Bytes(), layout, true)
 	if err != nil {
