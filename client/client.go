@@ -258,13 +258,15 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 			closeFD(fd)
 		}
 	}
-	t, _, payload, err := shm.DecodeMsg(raw)
+	t, ver, payload, err := shm.DecodeMsg(raw)
 	if err != nil {
 		closeFDs()
 		return fail(err)
 	}
 	switch t {
 	case shm.MsgError:
+		// Read whatever its version: a daemon that does not speak ours
+		// says so in one (CodeVersion).
 		closeFDs()
 		e, err := shm.DecodeError(payload)
 		if err != nil {
@@ -272,6 +274,13 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 		}
 		return fail(&RefusedError{Code: e.Code, Message: e.Message})
 	case shm.MsgWelcome:
+		// A Welcome is laid out in its own version: one of another is
+		// not read as ours.
+		if ver != c.opts.ProtocolVersion {
+			closeFDs()
+			return fail(fmt.Errorf("%w: kvtierd answered in protocol version %d, this client speaks %d (upgrade the older of the two)",
+				shm.ErrMalformed, ver, c.opts.ProtocolVersion))
+		}
 	default:
 		closeFDs()
 		return fail(fmt.Errorf("%w: expected welcome, got message type %d", shm.ErrMalformed, t))

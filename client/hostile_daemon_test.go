@@ -7,6 +7,7 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -36,6 +37,10 @@ type fakeDaemon struct {
 	sess   chan *shm.Ring // daemon-side view of each session's rings
 	// admin, if set, serves each admin connection after its Welcome.
 	admin atomic.Pointer[func(*net.UnixConn)]
+	// welcomeVersion, if set, is the protocol version in the header of a
+	// session's Welcome; ringVersion, if set, the version its ring header
+	// announces (a daemon of another version).
+	welcomeVersion, ringVersion atomic.Uint32
 }
 
 func sealedMemfd(t *testing.T, name string, size int64) int {
@@ -128,9 +133,16 @@ func (f *fakeDaemon) accept() {
 			f.t.Error(err)
 			return
 		}
+		if v := f.ringVersion.Load(); v != 0 {
+			binary.LittleEndian.PutUint32(reg.Bytes()[4:], v)
+		}
 		w := shm.Welcome{SessionID: 2, NamespaceID: 1, BlockBytes: h.Namespace.BlockBytes, ArenaSize: uint64(f.arena),
 			RingSize: uint64(f.layout.Size()), Ring: f.layout}
-		if err := shm.SendMsg(uc, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode()), afd, reg.Fd()); err != nil {
+		ver := uint16(shm.ProtocolVersion)
+		if v := f.welcomeVersion.Load(); v != 0 {
+			ver = uint16(v)
+		}
+		if err := shm.SendMsg(uc, shm.EncodeMsg(shm.MsgWelcome, ver, w.Encode()), afd, reg.Fd()); err != nil {
 			f.t.Error(err)
 		}
 		unix.Close(afd)

@@ -136,6 +136,18 @@ func (r *Registry) fresh() (*Registry, error) {
 var errRegistryVersion = errors.New("unsupported registry version")
 
 func decodeRegistry(data []byte) (*registryDoc, error) {
+	// The version first, reading nothing else: a newer format may add
+	// fields or change their types, which the strict decode below rejects
+	// as corrupt (and a corrupt file is discarded, its ids with it).
+	var head struct {
+		Version json.RawMessage `json:"version"`
+	}
+	if json.Unmarshal(data, &head) == nil {
+		var v int64
+		if json.Unmarshal(head.Version, &v) == nil && v > registryVersion {
+			return nil, fmt.Errorf("%w %d (this kvtierd knows %d)", errRegistryVersion, v, registryVersion)
+		}
+	}
 	var doc registryDoc
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

@@ -400,6 +400,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	var err error
 	var backoff time.Duration
+	var short time.Time // when the current shortage of fds began
+	var spare spareFD
+	spare.open()
+	defer spare.close()
 	for {
 		c, aerr := d.ln.AcceptUnix()
 		if aerr != nil {
@@ -409,6 +413,26 @@ func (d *Daemon) Run(ctx context.Context) error {
 			if acceptRetryable(aerr) {
 				// Out of fds or memory for now (a burst of peers): the
 				// connection waits in the backlog until some are freed.
+				// When the shortage lasts (sessions hold the fds), the
+				// oldest peer waiting is told so, on the spare fd, rather
+				// than left to its handshake timeout.
+				if short.IsZero() {
+					short = time.Now()
+				}
+				if outOfFDs(aerr) && time.Since(short) >= acceptShortage && spare.release() {
+					if c, rerr := d.ln.AcceptUnix(); rerr == nil {
+						d.wg.Add(1)
+						go func() {
+							defer d.wg.Done()
+							defer spare.open()
+							defer c.Close()
+							d.log.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
+							d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is out of file descriptors (its limit is %d); try again later", fdLimit()))
+						}()
+						continue
+					}
+					spare.open()
+				}
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				d.log.Warn("accept failed; retrying", "err", aerr, "in", backoff)
 				select {
@@ -422,7 +446,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			fail()
 			break
 		}
-		backoff = 0
+		backoff, short = 0, time.Time{}
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
@@ -475,6 +499,59 @@ func (d *Daemon) Run(ctx context.Context) error {
 func acceptRetryable(err error) bool {
 	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) ||
 		errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM)
+}
+
+// acceptShortage is how long accept may fail for want of fds before the
+// peers waiting in the backlog are refused (one at a time, on the spare fd)
+// rather than left to wait for fds without a word.
+const acceptShortage = time.Second
+
+// outOfFDs reports whether err is a shortage of file descriptors.
+func outOfFDs(err error) bool {
+	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE)
+}
+
+// fdLimit is the daemon's soft RLIMIT_NOFILE (0 if unknown), for messages.
+func fdLimit() uint64 {
+	var r unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) != nil {
+		return 0
+	}
+	return r.Cur
+}
+
+// spareFD is an fd held in reserve (of /dev/null) so that a connection can
+// be accepted, and refused with a reason, when the process is out of fds.
+// The accept loop releases it; the refusal's goroutine opens it again.
+type spareFD struct{ fd atomic.Int64 } // the fd + 1; 0: none held
+
+// open takes a spare fd if none is held (none when the process is out).
+func (s *spareFD) open() {
+	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	if !s.fd.CompareAndSwap(0, int64(fd)+1) {
+		unix.Close(fd)
+	}
+}
+
+// release closes the spare fd, reporting whether one was held; if none
+// was, it tries to take one for the next time.
+func (s *spareFD) release() bool {
+	v := s.fd.Swap(0)
+	if v == 0 {
+		s.open()
+		return false
+	}
+	unix.Close(int(v - 1))
+	return true
+}
+
+func (s *spareFD) close() {
+	if v := s.fd.Swap(0); v != 0 {
+		unix.Close(int(v - 1))
+	}
 }
 
 // flushTimeout bounds the write-down of the GPU and host tiers at

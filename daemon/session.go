@@ -81,6 +81,12 @@ type session struct {
 	maxTokens int
 }
 
+// threadReserve is how many threads the daemon keeps in reserve beyond its
+// sessions' (runtime threads for its Ps, which procSizer raises up to
+// procs.max, and system calls of the movers and the NVMe tier): a session
+// is refused when fewer are left.
+func (d *Daemon) threadReserve() int { return 64 + d.procs.max }
+
 // maxPendingInfo bounds the per-session memory of a lookup's misses.
 const maxPendingInfo = 4096
 
@@ -123,6 +129,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		return nil, err
 	}
 	layout := shm.RingLayout{Entries: uint32(d.cfg.Session.RingEntries), DataSize: uint32(d.cfg.Session.DataBytes)}
+	threads, threadsWhat, threadsKnown := threadLimit()
 	d.mu.Lock()
 	// Sessions being opened count against the limit too, or concurrent
 	// (or back-to-back) handshakes could all pass the check.
@@ -130,6 +137,17 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		d.mu.Unlock()
 		err := fmt.Errorf("session limit %d reached", d.cfg.Session.MaxSessions)
 		d.refuse(c, shm.CodeBusy, err.Error())
+		return nil, err
+	}
+	// A session's ring loop holds a thread while it sleeps (a futex
+	// wait), and a thread the runtime cannot create ends the process:
+	// every session would go with it.
+	if reserve := d.threadReserve(); threadsKnown && len(d.sessions)+d.opening >= threads-reserve {
+		sessions := len(d.sessions)
+		d.mu.Unlock()
+		err := fmt.Errorf("out of threads: %d sessions open, %s allows %d threads, %d kept in reserve", sessions, threadsWhat, threads, reserve)
+		log.Warn("session refused: " + err.Error())
+		d.refuse(c, shm.CodeBusy, "kvtierd is "+err.Error()+"; try again later")
 		return nil, err
 	}
 	d.opening++
@@ -153,8 +171,21 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 
 	region, err := shm.CreateRegion(fmt.Sprintf("kvtier-session-%d", id), layout.Size(), false)
 	if err != nil {
+		err = fmt.Errorf("session %d: %w", id, err)
+		if acceptRetryable(err) {
+			// Out of fds (or memory) for now: the peer may try again
+			// once sessions close; the operator needs the reason.
+			reason := "out of memory"
+			if outOfFDs(err) {
+				reason = "out of file descriptors"
+			}
+			log.Warn("session refused: "+reason, "err", err, "fd_limit", fdLimit())
+			d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is %s: %v (its file descriptor limit is %d); try again later", reason, errors.Unwrap(err), fdLimit()))
+			return nil, err
+		}
+		log.Warn("session refused: cannot create its ring region", "err", err)
 		d.refuse(c, shm.CodeInternal, "cannot create ring region")
-		return nil, fmt.Errorf("session %d: %w", id, err)
+		return nil, err
 	}
 	ring, err := shm.NewRing(region.Bytes(), layout, true)
 	if err != nil {

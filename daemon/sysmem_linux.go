@@ -40,6 +40,15 @@ func readMemInfo() (memInfo, error) {
 // container limits live there), mounted at root/memory. ok is false when
 // there is no limit.
 func cgroupMemory(selfCgroup, root string) (limit, avail uint64, ok bool) {
+	return cgroupTightest(selfCgroup, root, "memory", "memory.max", "memory.current", "memory.limit_in_bytes", "memory.usage_in_bytes")
+}
+
+// cgroupTightest returns the tightest limit, and the least headroom (limit
+// - usage), on the path from this process's cgroup up to the root, read
+// from v2's limitV2 and usageV2 files, and from limitV1 and usageV1 of the
+// v1 controller mounted at root/controller. ok is false when there is no
+// limit.
+func cgroupTightest(selfCgroup, root, controller, limitV2, usageV2, limitV1, usageV1 string) (limit, avail uint64, ok bool) {
 	f, err := os.Open(selfCgroup)
 	if err != nil {
 		return 0, 0, false
@@ -57,7 +66,7 @@ func cgroupMemory(selfCgroup, root string) (limit, avail uint64, ok bool) {
 		switch {
 		case parts[0] == "0" && parts[1] == "":
 			v2 = parts[2]
-		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+		case slices.Contains(strings.Split(parts[1], ","), controller):
 			v1 = parts[2]
 		}
 	}
@@ -79,8 +88,8 @@ func cgroupMemory(selfCgroup, root string) (limit, avail uint64, ok bool) {
 			}
 		}
 	}
-	walk(root, v2, "memory.max", "memory.current")
-	walk(path.Join(root, "memory"), v1, "memory.limit_in_bytes", "memory.usage_in_bytes")
+	walk(root, v2, limitV2, usageV2)
+	walk(path.Join(root, controller), v1, limitV1, usageV1)
 	return limit, avail, ok
 }
 

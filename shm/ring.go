@@ -115,6 +115,9 @@ func NewRing(mem []byte, l RingLayout, init bool) (*Ring, error) {
 		binary.LittleEndian.PutUint32(mem[12:], l.DataSize)
 	} else if binary.LittleEndian.Uint32(mem[0:]) != ringMagic || binary.LittleEndian.Uint32(mem[8:]) != l.Entries {
 		return nil, fmt.Errorf("%w: header does not match the announced layout", ErrRingCorrupt)
+	} else if v := binary.LittleEndian.Uint32(mem[4:]); v != RingVersion {
+		// Another version's offsets: nothing in it may be read as ours.
+		return nil, fmt.Errorf("%w: ring layout version %d, this build reads %d", ErrRingCorrupt, v, RingVersion)
 	}
 	return r, nil
 }

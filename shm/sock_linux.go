@@ -56,6 +56,14 @@ func RecvMsg(c *net.UnixConn, buf []byte, maxFDs int) ([]byte, []int, error) {
 			unix.Close(fd)
 		}
 	}
+	if flags&unix.MSG_CTRUNC != 0 && maxFDs > 0 && len(fds) <= maxFDs {
+		// Fewer fds than the buffer holds, and fds were expected: the
+		// kernel could not install them, for want of fd numbers here.
+		closeAll()
+		var lim unix.Rlimit
+		_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
+		return nil, nil, fmt.Errorf("%w: the fds sent with a message were dropped: this process is out of file descriptors (its limit is %d)", unix.EMFILE, lim.Cur)
+	}
 	if flags&unix.MSG_CTRUNC != 0 || len(fds) > maxFDs {
 		closeAll()
 		return nil, nil, fmt.Errorf("%w: got %d fds, at most %d allowed", ErrTooManyFDs, len(fds), maxFDs)
