@@ -123,18 +123,7 @@ func TestTaskLimitRefusesSessions(t *testing.T) {
 		s.Close()
 	}
 	held = nil
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s, err := c.Open(ctx, ns)
-		if err == nil {
-			s.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no session 5s after the others closed: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	openAgain(ctx, t, c, ns, "the others closed")
 }
 
 // exited reports whether kvtierd's stderr ends (it exited) within 3 s
