@@ -168,7 +168,12 @@ func (d *Daemon) serveMetrics() (stop func()) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.InstrumentMetricHandler(m.reg,
-		promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorLog: slogPrinter{d}, Timeout: 10 * time.Second})))
+		promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorLog: slogPrinter{d}, Timeout: 10 * time.Second,
+			// A collector that cannot read its source (an eBPF map, or
+			// /proc/self/fd under fd exhaustion) loses its own series,
+			// logged and counted in promhttp_metric_handler_errors_total,
+			// not the whole scrape.
+			ErrorHandling: promhttp.ContinueOnError})))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)

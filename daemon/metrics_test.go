@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/ebpf"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -472,5 +474,56 @@ func TestObserveOpAllocs(t *testing.T) {
 	}
 	if n := out.GetHistogram().GetSampleCount(); n != 1001 { // AllocsPerRun warms up once
 		t.Errorf("acquire observed %d times, want 1001", n)
+	}
+}
+
+// failingHistograms is an eBPF histogram source whose map reads fail.
+type failingHistograms struct{}
+
+func (failingHistograms) Read(int) (ebpf.Histogram, error) {
+	return ebpf.Histogram{}, errors.New("map lookup: bad file descriptor")
+}
+
+// TestMetricsScrapeSurvivesCollectorError: one collector that cannot read
+// its source (an eBPF map read failing, /proc/self/fd unreadable under fd
+// exhaustion) loses its own series, not the whole endpoint: the scrape
+// still answers 200 with every other family, and counts the error.
+func TestMetricsScrapeSurvivesCollectorError(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // runs after the daemon's cleanup
+	md := startMetricsDaemon(t, false)
+	// The real I/O latency collector over a source that fails (its own
+	// namespace: the daemon's collector already holds kvtier's name).
+	md.d.Registry().MustRegister(ebpf.NewIOCollector("kvtiertest", func() ebpf.HistogramReader { return failingHistograms{} }))
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Get("http://" + md.d.MetricsAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape with one failing collector: %s, want 200 OK (%.200s)", resp.Status, body)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("parse scrape: %v", err)
+	}
+	f := families(mfs)
+	for _, name := range []string{"kvtier_sessions", "kvtier_tier_hits_total", "kvtier_build_info"} {
+		if f[name] == nil {
+			t.Errorf("family %s missing from a scrape where only another collector failed", name)
+		}
+	}
+	if f["kvtiertest_nvme_io_latency_seconds"] != nil {
+		t.Error("the failing collector's family was exported")
+	}
+	// Counted once the failed gathering is served: seen by the next scrape.
+	if v := scrape(t, md.d.MetricsAddr()).must(t, "promhttp_metric_handler_errors_total", "cause", "gathering"); v < 1 {
+		t.Errorf("promhttp_metric_handler_errors_total{cause=gathering} = %v, want ≥ 1", v)
 	}
 }
