@@ -29,9 +29,15 @@ const metricsNamespace = "kvtier"
 // metricsShutdownTimeout bounds how long Run waits for scrapes in flight.
 const metricsShutdownTimeout = 2 * time.Second
 
-// latencyBuckets span 1µs .. ~4.3s: an op on the ring takes microseconds, a
-// swap of a large block from a busy disk can take a second.
+// latencyBuckets span 1µs .. ~4.2s: a swap of a large block from a busy
+// disk can take a second.
 var latencyBuckets = prometheus.ExponentialBuckets(1e-6, 2, 23)
+
+// opBuckets span 16ns .. ~4.3s: the ring loop dispatches most ops in well
+// under a microsecond (a nop in tens of nanoseconds, a release or an
+// acquire of a resident block in hundreds), which buckets from 1µs would
+// all put in the first bucket; a lookup of a long chain takes milliseconds.
+var opBuckets = prometheus.ExponentialBuckets(16e-9, 2, 29)
 
 // metrics is the daemon's registry and the instruments observed on the hot
 // paths. A nil *metrics (metrics disabled) is valid: every method is a no-op.
@@ -54,7 +60,7 @@ func newMetrics(d *Daemon) *metrics {
 	opLatency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Name: "op_duration_seconds",
 		Help:    "Time the ring loop spent executing one submitted op (dispatch only; a promotion an acquire waits for is in kvtier_swap_in_seconds).",
-		Buckets: latencyBuckets,
+		Buckets: opBuckets,
 	}, []string{"op"})
 	for op := shm.OpLookup; op.Valid(); op++ {
 		m.ops[op] = opLatency.WithLabelValues(op.String())
@@ -168,7 +174,12 @@ func (d *Daemon) serveMetrics() (stop func()) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.InstrumentMetricHandler(m.reg,
-		promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorLog: slogPrinter{d}, Timeout: 10 * time.Second})))
+		promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorLog: slogPrinter{d}, Timeout: 10 * time.Second,
+			// A collector that cannot read its source (an eBPF map, or
+			// /proc/self/fd under fd exhaustion) loses its own series,
+			// logged and counted in promhttp_metric_handler_errors_total,
+			// not the whole scrape.
+			ErrorHandling: promhttp.ContinueOnError})))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)

@@ -28,6 +28,23 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // so its families are present).
 func exported(t *testing.T) map[string]dto.MetricType {
 	t.Helper()
+	out := map[string]dto.MetricType{}
+	for name, f := range exportedFamilies(t) {
+		out[name] = f.typ
+	}
+	return out
+}
+
+// famInfo is one exported family: its type and the label names its series
+// carry.
+type famInfo struct {
+	typ    dto.MetricType
+	labels map[string]bool
+}
+
+// exportedFamilies is exported with each family's label names.
+func exportedFamilies(t *testing.T) map[string]famInfo {
+	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "kvtd")
 	if err != nil {
 		t.Fatal(err)
@@ -62,9 +79,15 @@ func exported(t *testing.T) map[string]dto.MetricType {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]dto.MetricType{}
+	out := map[string]famInfo{}
 	for _, mf := range mfs {
-		out[mf.GetName()] = mf.GetType()
+		f := famInfo{typ: mf.GetType(), labels: map[string]bool{}}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				f.labels[lp.GetName()] = true
+			}
+		}
+		out[mf.GetName()] = f
 	}
 	return out
 }
