@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kvtier/kvtier/cudaipc"
@@ -60,7 +61,8 @@ func (e *RefusedError) Error() string {
 // embedded defaults.
 type Options struct {
 	// Socket is the daemon's control socket; default $KVTIER_SOCKET or the
-	// daemon's default path.
+	// daemon's default path (for a user other than root, whose directory
+	// must be owned by that user or root, as the daemon requires).
 	Socket string
 	// Name identifies this client in the daemon's logs.
 	Name string
@@ -92,6 +94,12 @@ type Client struct {
 	opts   Options
 	dev    cudaipc.Device // opts.Device, or the one GPU opened
 	ownDev bool           // (mu)
+	// ownDir is set when opts.Socket is a non-root user's default path,
+	// whose directory (/tmp/kvtier-<uid> without $XDG_RUNTIME_DIR) any
+	// local user may have created: it must be euid's or root's (see
+	// checkSocketDir), checked at every connect.
+	ownDir bool
+	euid   int
 
 	mu       sync.Mutex
 	sessions map[*Session]struct{}
@@ -114,8 +122,10 @@ type Client struct {
 
 // Dial checks that the daemon answers and returns a Client for it.
 func Dial(ctx context.Context, opts Options) (*Client, error) {
+	euid, ownDir := os.Geteuid(), false
 	if opts.Socket == "" {
 		opts.Socket = shm.DefaultSocket()
+		ownDir = euid != 0 && os.Getenv("KVTIER_SOCKET") == ""
 	}
 	if opts.Name == "" {
 		opts.Name = filepath.Base(os.Args[0])
@@ -129,7 +139,8 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.ProtocolVersion == 0 {
 		opts.ProtocolVersion = shm.ProtocolVersion
 	}
-	c := &Client{opts: opts, sessions: map[*Session]struct{}{}, dev: opts.Device, queues: map[cudaipc.Stream]*streamQueue{}}
+	c := &Client{opts: opts, sessions: map[*Session]struct{}{}, dev: opts.Device, queues: map[cudaipc.Stream]*streamQueue{},
+		ownDir: ownDir, euid: euid}
 	if c.dev == nil && opts.GPU != "" {
 		dev, err := openGPU(opts.GPU)
 		if err != nil {
@@ -231,6 +242,11 @@ func (c *Client) forget(s *Session) {
 // handshake connects and exchanges Hello/Welcome. It returns the socket,
 // the Welcome and the fds that came with it (owned by the caller).
 func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.UnixConn, shm.Welcome, []int, error) {
+	if c.ownDir {
+		if err := checkSocketDir(filepath.Dir(c.opts.Socket), c.euid); err != nil {
+			return nil, shm.Welcome{}, nil, err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -295,6 +311,26 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 	}
 	uc.SetDeadline(time.Time{})
 	return uc, w, fds, nil
+}
+
+// checkSocketDir refuses a default socket directory another user
+// controls, by the rule the daemon applies to the directory it serves
+// from: owned by euid or root, and not writable by everyone unless sticky.
+// Its owner, or anyone, could have put a daemon of their own there, which
+// would be sent this client's blocks and answer its reads.
+func checkSocketDir(dir string, euid int) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("%w: socket dir %s: %v", ErrDisconnected, dir, err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != euid && st.Uid != 0 {
+		return fmt.Errorf("kvtier: socket dir %s is owned by uid %d, not by this user (uid %d) or root: another user's daemon may listen there; "+
+			"refusing to connect (name the socket with $KVTIER_SOCKET or Options.Socket)", dir, st.Uid, euid)
+	}
+	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&os.ModeSticky == 0 {
+		return fmt.Errorf("kvtier: socket dir %s is writable by everyone (mode %v) without the sticky bit: anyone could have replaced the socket; refusing to connect", dir, fi.Mode().Perm())
+	}
+	return nil
 }
 
 func (c *Client) dialAdmin(ctx context.Context) (*net.UnixConn, error) {

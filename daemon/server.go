@@ -426,6 +426,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 							defer d.wg.Done()
 							defer spare.open()
 							defer c.Close()
+							// Credentials first: a peer that is not allowed
+							// learns nothing of the daemon's state.
+							if !d.authorized(c) {
+								return
+							}
 							d.log.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
 							d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is out of file descriptors (its limit is %d); try again later", fdLimit()))
 						}()
@@ -638,6 +643,28 @@ func (d *Daemon) refuse(c *net.UnixConn, code shm.ErrCode, msg string) {
 	}
 }
 
+// allowed reports whether the peer with cred may use the daemon, refusing
+// it as unauthorized when not.
+func (d *Daemon) allowed(c *net.UnixConn, cred *unix.Ucred, log *slog.Logger) bool {
+	if d.cfg.Auth.Allowed(cred.Uid, cred.Gid) {
+		return true
+	}
+	log.Warn("refusing unauthorized peer", "gid", cred.Gid)
+	d.refuse(c, shm.CodeUnauthorized, fmt.Sprintf("uid %d gid %d is not allowed to use kvtierd (see auth.uids/auth.gids)", cred.Uid, cred.Gid))
+	return false
+}
+
+// authorized is allowed for a connection whose credentials are not read
+// yet; a peer whose credentials cannot be read is dropped.
+func (d *Daemon) authorized(c *net.UnixConn) bool {
+	cred, err := peerCred(c)
+	if err != nil {
+		d.log.Warn("peer credentials unavailable; refusing", "err", err)
+		return false
+	}
+	return d.allowed(c, cred, d.log.With("pid", cred.Pid, "uid", cred.Uid))
+}
+
 // serveConn authenticates a connection, runs its handshake and then the
 // session until either side ends it.
 func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
@@ -648,9 +675,7 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	log := d.log.With("pid", cred.Pid, "uid", cred.Uid)
-	if !d.cfg.Auth.Allowed(cred.Uid, cred.Gid) {
-		log.Warn("refusing unauthorized peer", "gid", cred.Gid)
-		d.refuse(c, shm.CodeUnauthorized, fmt.Sprintf("uid %d gid %d is not allowed to use kvtierd (see auth.uids/auth.gids)", cred.Uid, cred.Gid))
+	if !d.allowed(c, cred, log) {
 		return
 	}
 	if d.closing.Load() {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,5 +138,94 @@ func openAgain(ctx context.Context, t *testing.T, c *client.Client, ns client.Na
 			t.Fatalf("no session 5s after %s: %v", what, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// dialAs connects to socket with effective uid uid (SO_PEERCRED reports
+// the connecting thread's euid), keeping file access as root (fsuid 0). The
+// credentials change on one locked OS thread only, which exits with its
+// goroutine. Needs root.
+func dialAs(t *testing.T, socket string, uid int) *net.UnixConn {
+	t.Helper()
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(uid), ^uintptr(0)); e != 0 {
+			ch <- result{-1, fmt.Errorf("setresuid: %w", e)}
+			return
+		}
+		unix.RawSyscall(unix.SYS_SETFSUID, 0, 0, 0) // path access as root; returns the old fsuid
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err == nil {
+			if err = unix.Connect(fd, &unix.SockaddrUnix{Name: socket}); err != nil {
+				unix.Close(fd)
+			}
+		}
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("connect as uid %d: %v", uid, r.err)
+	}
+	f := os.NewFile(uintptr(r.fd), "peer")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*net.UnixConn)
+}
+
+// TestOutOfFDsUnauthorizedGetsNothing: a peer whose uid is not allowed must
+// learn nothing of the daemon but that it is not allowed. While kvtierd was
+// out of file descriptors, the peer taken on the spare fd was refused busy
+// before its credentials were checked: an unauthorized one was told the
+// daemon's state and its fd limit.
+func TestOutOfFDsUnauthorizedGetsNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (connects as another uid)")
+	}
+	path := filepath.Join(t.TempDir(), "kvtierd.toml")
+	if err := os.WriteFile(path, []byte("[auth]\nuids = [0]\n[host]\nslab_bytes = \"1MiB\"\nprefault = false\ncapacity = \"8MiB\"\n[nvme]\nenabled = false\n[ebpf]\nenabled = false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns := client.Namespace{ModelID: "m", Layers: 1, KVHeads: 1, HeadDim: 1, DType: "fp16", TokensPerBlock: 1, TPSize: 1, BlockBytes: 4096}
+	k := startKVTierd(t, path)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: k.socket, DialTimeout: 8 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 2 { // every lazily opened fd of the daemon is open
+		s, err := c.Open(ctx, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+	}
+	leaveFreeFDs(t, k.cmd.Process.Pid, 0)
+
+	cn := dialAs(t, k.socket, 54321)
+	cn.SetReadDeadline(time.Now().Add(8 * time.Second))
+	raw, _, err := shm.RecvMsg(cn, make([]byte, 4096), 0)
+	if err != nil {
+		t.Fatalf("no answer to the unauthorized peer: %v", err)
+	}
+	typ, _, p, err := shm.DecodeMsg(raw)
+	if err != nil || typ != shm.MsgError {
+		t.Fatalf("answer: type %d, %v; want an error message", typ, err)
+	}
+	e, err := shm.DecodeError(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Code != shm.CodeUnauthorized || strings.Contains(e.Message, "file descriptor") {
+		t.Fatalf("unauthorized peer refused with code %d %q; want only code %d (unauthorized)", e.Code, e.Message, shm.CodeUnauthorized)
 	}
 }
