@@ -247,7 +247,7 @@ var (
 	descGPUReserved   = desc("gpu_reserved_blocks", "GPU arena reservations not yet committed or aborted.", "tier")
 	descGPUDemotions  = desc("gpu_demotions_total", "Blocks the GPU arena's demoter moved to the host tier.", "tier")
 	descGPUFallbacks  = desc("gpu_promotion_fallbacks_total", "Device reads of host blocks served from the host tier because the GPU arena had no room to promote them (each kicks the demoter).", "tier")
-	descQuarantined   = desc("quarantined_reservations", "Reservations of ended device sessions held until their process exits (a copy queued on the client's GPU may still write them).")
+	descQuarantined   = desc("quarantined_reservations", "Reservations of ended sessions held until their process exits (the client may still write them: a copy queued on its GPU, or a memcpy through its mapping of the host arena).")
 	descQuarantTotal  = desc("quarantined_reservations_total", "Reservations ever held in quarantine.")
 	descGPUCompactErr = desc("gpu_compaction_errors_total", "Failed device-to-device copies of GPU arena compaction.")
 

@@ -26,6 +26,14 @@ import (
 // closed by the daemon, or a client closing with copies queued against the
 // client library's contract), until quarantineHold has passed, long enough
 // for any copy queued behind an inference step to run.
+//
+// A CPU client writes a reserved host slot itself, with a memcpy through
+// its own mapping of the arena. The client library keeps that mapping for
+// as long as a reservation is open, after the session's connection is gone
+// (closed by the daemon: a shutdown, an exit event, a protocol breach; or
+// dropped by the client while one of its goroutines still copies), so the
+// same holds for it: its reservations are quarantined too. Its process
+// exiting unmaps the arena, and so ends the hazard just the same.
 const quarantineHold = 10 * time.Second
 
 // quarantinePoll bounds how late a new entry or a stop is noticed while
@@ -42,6 +50,7 @@ type quarantine struct {
 	mu      sync.Mutex
 	entries []quarantined
 	closing bool          // no more entries: run ends once they are released
+	drop    bool          // release every entry now (close without wait)
 	wake    chan struct{} // an entry was added or closing set (capacity 1)
 	done    chan struct{} // closed when run has released everything and returned
 
@@ -72,8 +81,8 @@ func newQuarantine(log *slog.Logger) *quarantine {
 	return q
 }
 
-// add takes the reservations of a device session of process pid that
-// ended with them open. They are aborted here when pid has exited
+// add takes the reservations of a session of process pid that ended with
+// them open. They are aborted here when pid has exited
 // already, else when it exits or the hold passes. After close (the daemon
 // is past its sessions) they wait for the same conditions in close itself.
 func (q *quarantine) add(pid uint32, handles []*tiers.Handle) {
@@ -97,7 +106,7 @@ func (q *quarantine) add(pid uint32, handles []*tiers.Handle) {
 	q.mu.Unlock()
 	q.blocks.Add(int64(len(handles)))
 	q.total.Add(uint64(len(handles)))
-	q.log.Info("session ended with device copies possibly in flight; holding its reservations until its process exits",
+	q.log.Info("session ended with reservations open, which its client may still write; holding them until its process exits",
 		"pid", pid, "reservations", len(handles), "at_most", hold)
 	q.signal()
 }
@@ -123,7 +132,7 @@ func (q *quarantine) run(ctx context.Context) {
 	defer close(q.done)
 	for {
 		q.mu.Lock()
-		n, closing := len(q.entries), q.closing
+		n, closing, drop := len(q.entries), q.closing, q.drop
 		ws := make([]procWatch, n)
 		for i, e := range q.entries {
 			ws[i] = e.w
@@ -132,6 +141,10 @@ func (q *quarantine) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			q.release(func(quarantined, int) bool { return true }, "daemon stopping")
 			return
+		}
+		if drop && n > 0 {
+			q.release(func(quarantined, int) bool { return true }, "daemon stopping; the host arena is not kept")
+			continue
 		}
 		if n == 0 {
 			if closing {
@@ -186,11 +199,14 @@ func (q *quarantine) release(free func(e quarantined, i int) bool, why string) {
 }
 
 // close waits until every entry is released (their processes exit or their
-// holds pass: at most hold) and run has returned. Sessions must be done:
-// add after close is not allowed.
-func (q *quarantine) close() {
+// holds pass: at most hold) and run has returned. Without wait, the entries
+// are released at once: nothing will hand their slots out any more (the
+// daemon is stopping and its host arena is not kept for a next one).
+// Sessions must be done: add after close is not allowed.
+func (q *quarantine) close(wait bool) {
 	q.mu.Lock()
 	q.closing = true
+	q.drop = !wait
 	q.mu.Unlock()
 	q.signal()
 	<-q.done

@@ -34,7 +34,7 @@ func quarantineRig(t *testing.T, n int, hold time.Duration) (*tiers.Host, []*tie
 	q.hold.Store(int64(hold))
 	ctx, cancel := context.WithCancel(context.Background())
 	go q.run(ctx)
-	t.Cleanup(func() { q.close(); cancel() })
+	t.Cleanup(func() { q.close(true); cancel() })
 	return h, hs, q, cancel
 }
 
@@ -86,7 +86,7 @@ func TestQuarantineReleasesOnExit(t *testing.T) {
 		if b, n := q.blocks.Load(), q.total.Load(); b != 0 || n != 3 {
 			t.Errorf("gauge %d, total %d after release; want 0 and 3", b, n)
 		}
-		q.close()
+		q.close(true)
 	}
 }
 
@@ -133,7 +133,7 @@ func TestQuarantineCloseWaits(t *testing.T) {
 	cmd := sleeper(t)
 	q.add(uint32(cmd.Process.Pid), hs[:1])
 	closed := make(chan struct{})
-	go func() { q.close(); close(closed) }()
+	go func() { q.close(true); close(closed) }()
 	select {
 	case <-closed:
 		t.Fatal("close returned with a live process's reservation held")
@@ -182,4 +182,26 @@ func TestQuarantinedKeyCanBeReservedAgain(t *testing.T) {
 	}
 	cancel()
 	waitReserved(t, h, 0, 5*time.Second)
+}
+
+// TestQuarantineCloseWithoutWait: a daemon stopping with a host arena that
+// is not kept releases the entries of live processes at once.
+func TestQuarantineCloseWithoutWait(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // after the rig's cleanup
+	h, hs, q, _ := quarantineRig(t, 2, time.Minute)
+	q.add(uint32(os.Getpid()), hs)
+	if r, b := reservedOf(h), q.blocks.Load(); r != 2 || b != 2 {
+		t.Fatalf("process alive: %d reserved, %d quarantined; want 2 and 2", r, b)
+	}
+	closed := make(chan struct{})
+	go func() { q.close(false); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close without wait held a live process's reservations")
+	}
+	if r, b := reservedOf(h), q.blocks.Load(); r != 0 || b != 0 {
+		t.Fatalf("after close without wait: %d reserved, %d quarantined; want 0 and 0", r, b)
+	}
 }

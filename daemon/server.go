@@ -87,7 +87,7 @@ type Daemon struct {
 
 	probes *probes // eBPF probes, memory pressure controller; see ebpf.go
 
-	// quar holds the open reservations of ended device sessions until
+	// quar holds the open reservations of ended sessions until
 	// their process has exited (quarantine.go).
 	quar *quarantine
 }
@@ -472,8 +472,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// The sessions are done, so nothing adds to the quarantine any more.
 	// Its reservations are released before the tiers are written down and
 	// closed: a late copy must land before the host arena is kept for a
-	// warm restart, whose next daemon may hand the slot out.
-	d.quar.close()
+	// warm restart, whose next daemon may hand the slot out. An arena not
+	// kept is handed out by no one after the flush below (whose demotions
+	// of GPU blocks reserve host slots: those still held are not among
+	// them): its reservations are released after it, not waited for.
+	if d.warm.kept {
+		d.quar.close(true)
+	}
 	if d.cfg.NVMe.FlushOnStop && d.nvme != nil {
 		// One bound for both steps. The GPU-only blocks first, into the
 		// host tier (which makes room by demoting to NVMe), while the
@@ -489,6 +494,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		cancel()
 		d.log.Info("host tier written down to nvme", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
 	}
+	d.quar.close(false) // a no-op after close(true) above
 	stopChain()
 	if d.gpus != nil {
 		d.gpus.Wait()

@@ -345,8 +345,9 @@ func (s *session) readControl() {
 	}
 }
 
-// teardown aborts open reservations and drops held leases, so a dead
-// client's slots return to the arena immediately.
+// teardown quarantines open reservations (given back at once if the
+// client's process is gone) and drops held leases, so a dead client's slots
+// return to the arena immediately.
 func (s *session) teardown() {
 	deadline := time.After(s.d.deferredWait)
 	for s.outstanding > 0 {
@@ -370,16 +371,14 @@ func (s *session) teardown() {
 			s.outstanding = 0
 		}
 	}
-	// A device session's open reservations may still be written by copies
-	// queued on its client's streams: they wait in the quarantine for its
-	// process to exit (quarantine.go).
+	// Open reservations may still be written by their client: a device
+	// session's by copies queued on its streams, any session's by a memcpy
+	// through its mapping of the host arena, which the client library keeps
+	// while a reservation is open, after the connection is gone. They wait
+	// in the quarantine for its process to exit (quarantine.go).
 	var held []*tiers.Handle
 	for t, h := range s.res {
-		if s.gpu >= 0 {
-			held = append(held, h)
-		} else {
-			h.Owner().Abort(h)
-		}
+		held = append(held, h)
 		delete(s.res, t)
 	}
 	s.d.quar.add(s.pid, held)

@@ -59,6 +59,7 @@ type warmState struct {
 	fromStore    bool     // the arena is the stored one
 	dropArena    bool     // a stored arena was discarded: remove it from the store
 	hadIndex     bool     // an index was passed: remove it from the store
+	kept         bool     // systemd's fd store holds the arena: a next daemon may map it
 	remove       []string // other fd names to remove from the store
 	adopted      int
 	adoptedBytes int64
@@ -237,6 +238,7 @@ func (d *Daemon) adoptWarm() {
 // READY): first it removes a passed index snapshot (now adopted, and stale
 // from the first write on) and a passed arena that was discarded.
 func (d *Daemon) storeArena() {
+	d.warm.kept = d.warm.fromStore // systemd passed it, so it holds it
 	if os.Getenv("NOTIFY_SOCKET") == "" {
 		return
 	}
@@ -258,7 +260,9 @@ func (d *Daemon) storeArena() {
 		d.fdStoreNotify("FDSTOREREMOVE=1\nFDNAME="+fdNameArena, -1)
 	}
 	// Storing the same memfd again (a warm restart) is a no-op for systemd.
-	d.fdStoreNotify("FDSTORE=1\nFDNAME="+fdNameArena, d.arena.Fd())
+	if d.fdStoreNotify("FDSTORE=1\nFDNAME="+fdNameArena, d.arena.Fd()) {
+		d.warm.kept = true
+	}
 }
 
 // storeSnapshot writes the index snapshot of the host tier and stores it
