@@ -116,6 +116,10 @@ type Chain struct {
 	// expireHook, if set (tests only, before Start), runs in expireLoop
 	// before each expired key is deleted.
 	expireHook func(k Key)
+	// deleteHook, if set (tests only, before Start), runs in Delete and
+	// DeleteNS between the host step and the NVMe step, with the key
+	// (Key{NS: ns} for DeleteNS).
+	deleteHook func(k Key)
 
 	// The replacement policy sees the host tier through events (insert,
 	// access, remove) applied by policyLoop, so ring loops never wait on
@@ -1478,14 +1482,23 @@ func (c *Chain) expire(k Key, now time.Time) bool {
 }
 
 // forgetParkedIfGone drops k from the parked blocks when no tier holds it
-// any more (NVMe dropped it as corrupt when a resume read it).
+// any more (NVMe dropped it as corrupt when a resume read it, a Delete's
+// NVMe step deleted a block parked after its host step). The check and
+// the drop are one step under the host tier's lock, as in the removal
+// callback (NewChain): a block of k committed after the check is recorded
+// by its own Park, after the drop, and one committed before it is seen;
+// NVMe gets k only from a host copy, which the check would have seen.
 func (c *Chain) forgetParkedIfGone(k Key) {
-	if !k.Parked() || c.Host.Contains(k) || c.inNVMe(k) {
+	if !k.Parked() {
 		return
 	}
-	c.parkMu.Lock()
-	delete(c.parked, k)
-	c.parkMu.Unlock()
+	c.Host.ifAbsent(k, func() {
+		if !c.inNVMe(k) {
+			c.parkMu.Lock() // parkMu is never held while taking the host's lock
+			delete(c.parked, k)
+			c.parkMu.Unlock()
+		}
+	})
 }
 
 // ParkedBlocks returns how many parked blocks the chain holds.
@@ -1524,6 +1537,9 @@ func (c *Chain) delete(k Key) bool {
 		c.mu.Unlock()
 	}()
 	found := c.Host.Delete(k)
+	if c.deleteHook != nil {
+		c.deleteHook(k)
+	}
 	if c.NVMe != nil {
 		// Unconditionally: a write-down that kept the block (PutBatchIf)
 		// before the host step above may not have indexed it yet; it
@@ -1533,6 +1549,11 @@ func (c *Chain) delete(k Key) bool {
 		}
 		c.NVMe.Delete(nk(k))
 	}
+	// A block of k committed and parked after the parked set was cleared
+	// above, written through to NVMe and dropped from the host tier before
+	// the NVMe step, was just deleted there: Park recorded it again, and
+	// its removal from the host tier kept it (NVMe held it then).
+	c.forgetParkedIfGone(k)
 	return found
 }
 
@@ -1576,9 +1597,27 @@ func (c *Chain) DeleteNS(ns uint32) int {
 			both++
 		}
 	})
+	if c.deleteHook != nil {
+		c.deleteHook(Key{NS: ns})
+	}
 	if c.NVMe != nil {
 		m, _ := c.NVMe.DeleteNS(ns)
 		n += max(m-both, 0)
+	}
+	if ns&ParkedNS != 0 {
+		// Blocks parked since the set was cleared above (as in delete):
+		// those the NVMe step deleted are gone.
+		var again []Key
+		c.parkMu.Lock()
+		for k := range c.parked {
+			if k.NS == ns {
+				again = append(again, k)
+			}
+		}
+		c.parkMu.Unlock()
+		for _, k := range again {
+			c.forgetParkedIfGone(k)
+		}
 	}
 	return n
 }

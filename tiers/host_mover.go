@@ -157,6 +157,20 @@ func (h *Host) Contains(key Key) bool {
 	return hd != nil && hd.state == stateCommitted
 }
 
+// ifAbsent runs fn under the tier's lock if key is not committed in the
+// tier, and reports whether it ran: a commit of key is ordered after fn.
+// Like the removal callback (SetOnRemove), fn must not call back into the
+// Host.
+func (h *Host) ifAbsent(key Key, fn func()) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hd := h.index[key]; hd != nil && hd.state == stateCommitted {
+		return false
+	}
+	fn()
+	return true
+}
+
 // Bytes returns the arena bytes of a pinned, leased or reserved block.
 func (h *Host) Bytes(hd *Handle) []byte {
 	return h.arena[hd.Offset : hd.Offset+hd.Size : hd.Offset+hd.Size]
