@@ -4,8 +4,6 @@ package tiers
 
 import (
 	"testing"
-
-	"github.com/kvtier/kvtier/cudaipc"
 )
 
 // TestGPUCompactionFailureIsNoEviction: a GPU compaction copy that fails
@@ -16,40 +14,9 @@ import (
 func TestGPUCompactionFailureIsNoEviction(t *testing.T) {
 	r := newGPURig(t, false)
 	g0 := r.gs.GPUs[0]
-	fd := &failDtoD{Device: g0.Dev}
-	g0.Dev = fd
-	defer func() { g0.Dev = fd.Device }()
-	var keys []Key
-	for i := range uint64(32) { // 8 slabs of 4 blocks: the arena is full
-		k := chainKey(65, i)
-		hd, err := g0.Slots.Reserve(k, gpuBlock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := blockFor(k, gpuBlock)
-		if err := g0.run(func(s cudaipc.Stream) error { return g0.Dev.CopyHtoDAsync(g0.ptr(hd.Offset), b, s) }); err != nil {
-			t.Fatal(err)
-		}
-		if err := g0.Slots.Commit(hd); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
-	// One hole in each of slabs 0..3: a new class's reservation drains a
-	// slab, and every one of its copies fails.
-	for _, i := range []int{0, 4, 8, 12} {
-		if !g0.Slots.Delete(keys[i]) {
-			t.Fatal("delete")
-		}
-	}
+	_, _, compact := failingCompaction(t, r, 65)
 	before := g0.Slots.Stats()
-	fd.fail.Store(true)
-	hd, err := g0.Slots.Reserve(chainKey(65, 100), 2*gpuBlock)
-	fd.fail.Store(false)
-	if err != nil {
-		t.Fatalf("reserve of another class: %v", err)
-	}
-	g0.Slots.Abort(hd)
+	compact()
 	after := g0.Slots.Stats()
 	dropped := before.Blocks - after.Blocks
 	errs := r.gs.Stats().CompactErrors

@@ -372,41 +372,8 @@ func (d *failDtoD) CopyDtoDAsync(dst, src cudaipc.DevicePtr, n int64, s cudaipc.
 func TestGPUCompactionCopyFailure(t *testing.T) {
 	r := newGPURig(t, false)
 	g0 := r.gs.GPUs[0]
-	fd := &failDtoD{Device: g0.Dev}
-	g0.Dev = fd
-	defer func() { g0.Dev = fd.Device }()
-	var keys []Key
-	for i := range uint64(32) { // 8 slabs of 4 blocks: the arena is full
-		k := chainKey(62, i)
-		hd, err := g0.Slots.Reserve(k, gpuBlock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := blockFor(k, gpuBlock)
-		if err := g0.run(func(s cudaipc.Stream) error { return g0.Dev.CopyHtoDAsync(g0.ptr(hd.Offset), b, s) }); err != nil {
-			t.Fatal(err)
-		}
-		if err := g0.Slots.Commit(hd); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
-	// One hole in each of slabs 0..3: the class holds a slab's worth of
-	// free slots, so a new class's reservation compacts (drains a slab).
-	deleted := map[Key]bool{}
-	for _, i := range []int{0, 4, 8, 12} {
-		if !g0.Slots.Delete(keys[i]) {
-			t.Fatal("delete")
-		}
-		deleted[keys[i]] = true
-	}
-	fd.fail.Store(true)
-	hd, err := g0.Slots.Reserve(chainKey(62, 100), 2*gpuBlock)
-	fd.fail.Store(false)
-	if err != nil {
-		t.Fatalf("reserve of another class: %v", err)
-	}
-	g0.Slots.Abort(hd)
+	keys, deleted, compact := failingCompaction(t, r, 62)
+	compact()
 	if st := r.gs.Stats(); st.CompactErrors == 0 {
 		t.Fatal("no compaction copy failed: the test did not compact")
 	}
@@ -423,6 +390,52 @@ func TestGPUCompactionCopyFailure(t *testing.T) {
 	if bad > 0 {
 		t.Fatalf("%d committed GPU blocks hold wrong bytes after a failed compaction copy", bad)
 	}
+}
+
+// failingCompaction fills GPU 0's arena of r with blocks of namespace ns (8
+// slabs of 4 blocks) and deletes one block in each of slabs 0..3, so that
+// the class holds a slab's worth of free slots: a reservation of another
+// class then compacts (drains a slab). compact makes that reservation (and
+// aborts it) with every device-to-device copy failing.
+func failingCompaction(t *testing.T, r *gpuRig, ns uint32) (keys []Key, deleted map[Key]bool, compact func()) {
+	t.Helper()
+	g0 := r.gs.GPUs[0]
+	fd := &failDtoD{Device: g0.Dev}
+	g0.Dev = fd
+	t.Cleanup(func() { g0.Dev = fd.Device })
+	for i := range uint64(32) { // 8 slabs of 4 blocks: the arena is full
+		k := chainKey(ns, i)
+		hd, err := g0.Slots.Reserve(k, gpuBlock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := blockFor(k, gpuBlock)
+		if err := g0.run(func(s cudaipc.Stream) error { return g0.Dev.CopyHtoDAsync(g0.ptr(hd.Offset), b, s) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := g0.Slots.Commit(hd); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	deleted = map[Key]bool{}
+	for _, i := range []int{0, 4, 8, 12} {
+		if !g0.Slots.Delete(keys[i]) {
+			t.Fatal("delete")
+		}
+		deleted[keys[i]] = true
+	}
+	compact = func() {
+		t.Helper()
+		fd.fail.Store(true)
+		hd, err := g0.Slots.Reserve(chainKey(ns, 100), 2*gpuBlock)
+		fd.fail.Store(false)
+		if err != nil {
+			t.Fatalf("reserve of another class: %v", err)
+		}
+		g0.Slots.Abort(hd)
+	}
+	return keys, deleted, compact
 }
 
 // TestGPUDemotionKeepsCopyOverHostReservation: a GPU block whose key the
