@@ -318,7 +318,17 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 // from: owned by euid or root, and not writable by everyone unless sticky.
 // Its owner, or anyone, could have put a daemon of their own there, which
 // would be sent this client's blocks and answer its reads.
+//
+// A symlink there is followed only when it is euid's or root's: another
+// user's link could point at a directory that passes (/tmp, root's and
+// sticky) where that user's socket waits, or be turned there later.
 func checkSocketDir(dir string, euid int) error {
+	if li, err := os.Lstat(dir); err == nil && li.Mode()&os.ModeSymlink != 0 {
+		if st, ok := li.Sys().(*syscall.Stat_t); ok && int(st.Uid) != euid && st.Uid != 0 {
+			return fmt.Errorf("kvtier: socket dir %s is a symlink owned by uid %d, not by this user (uid %d) or root: it may lead to another user's daemon; "+
+				"refusing to connect (name the socket with $KVTIER_SOCKET or Options.Socket)", dir, st.Uid, euid)
+		}
+	}
 	fi, err := os.Stat(dir)
 	if err != nil {
 		return fmt.Errorf("%w: socket dir %s: %v", ErrDisconnected, dir, err)

@@ -23,7 +23,9 @@ import (
 // serve from such a directory). The client connected to whatever listened
 // there: another user's fake daemon got its Hello, and would have been sent
 // the blocks it puts and answered its reads. The client must not connect
-// through a default socket directory owned by another user.
+// through a default socket directory owned by another user, nor through
+// another user's symlink there (to /tmp, say, which passes the check, where
+// that user's socket waits).
 func TestDefaultSocketOfAnotherUserRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (acts as two users)")
@@ -36,18 +38,36 @@ func TestDefaultSocketOfAnotherUserRefused(t *testing.T) {
 		owner       int
 		mode        os.FileMode
 		wantConnect bool
+		// linkBy, if set, owns a symlink at the default path to the
+		// directory (root's, sticky and writable by all, like /tmp).
+		linkBy int
 	}{
-		{"another user's directory", attacker, 0o755, false},
-		{"own directory writable by everyone", victim, 0o777, false},
-		{"own directory", victim, 0o750, true},
+		{"another user's directory", attacker, 0o755, false, 0},
+		{"own directory writable by everyone", victim, 0o777, false, 0},
+		{"own directory", victim, 0o750, true, 0},
+		{"another user's symlink to a sticky directory", 0, 0o777 | os.ModeSticky, false, attacker},
+		{"own symlink to an own directory", victim, 0o750, true, victim},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := shm.DefaultRuntimeDir(victim, func(string) string { return "" })
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				t.Skipf("cannot create %s for the test: %v", dir, err)
+			real := dir
+			if tt.linkBy != 0 {
+				real = dir + ".target"
 			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
-			sock := filepath.Join(dir, shm.SocketName)
+			if err := os.Mkdir(real, 0o700); err != nil {
+				t.Skipf("cannot create %s for the test: %v", real, err)
+			}
+			t.Cleanup(func() { os.RemoveAll(real) })
+			if tt.linkBy != 0 {
+				if err := os.Symlink(real, dir); err != nil {
+					t.Skipf("cannot create %s for the test: %v", dir, err)
+				}
+				t.Cleanup(func() { os.Remove(dir) })
+				if err := os.Lchown(dir, tt.linkBy, tt.linkBy); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sock := filepath.Join(real, shm.SocketName)
 			ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
 			if err != nil {
 				t.Fatal(err)
@@ -55,10 +75,10 @@ func TestDefaultSocketOfAnotherUserRefused(t *testing.T) {
 			if err := os.Chmod(sock, 0o777); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Chown(dir, tt.owner, tt.owner); err != nil {
+			if err := os.Chown(real, tt.owner, tt.owner); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Chmod(dir, tt.mode); err != nil {
+			if err := os.Chmod(real, tt.mode); err != nil {
 				t.Fatal(err)
 			}
 			var wg sync.WaitGroup
