@@ -424,6 +424,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 						d.wg.Add(1)
 						go func() {
 							defer d.wg.Done()
+							// With no peer waiting, that accept waited for
+							// the next one, on the fd the spare freed, for
+							// as long as it took: the shortage may be over
+							// by now. A spare taken again says it is.
+							if spare.open(); spare.held() {
+								d.serveConn(ctx, c)
+								return
+							}
 							defer spare.open()
 							defer c.Close()
 							// Credentials first: a peer that is not allowed
@@ -546,6 +554,9 @@ func (s *spareFD) open() {
 		unix.Close(fd)
 	}
 }
+
+// held reports whether a spare fd is held.
+func (s *spareFD) held() bool { return s.fd.Load() != 0 }
 
 // release closes the spare fd, reporting whether one was held; if none
 // was, it tries to take one for the next time.
