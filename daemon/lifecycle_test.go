@@ -394,6 +394,59 @@ func TestRuntimeDirOfAnotherUser(t *testing.T) {
 	}
 }
 
+// TestRuntimeDirSymlinkOfAnotherUser: a runtime dir that is another
+// user's symlink to a directory that passes the checks (root's, sticky,
+// like /tmp) is refused too: the link's owner chose where the socket goes.
+// The same link owned by root is followed.
+func TestRuntimeDirSymlinkOfAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a symlink owned by another user")
+	}
+	for _, tt := range []struct {
+		name    string
+		uid     int
+		refused string
+	}{
+		{"symlink of another user", 4242, "symlink owned by uid 4242"},
+		{"symlink of root", 0, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			target := filepath.Join(t.TempDir(), "shared")
+			if err := os.Mkdir(target, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(target, 0o777|os.ModeSticky); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, cfg.RuntimeDir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Lchown(cfg.RuntimeDir, tt.uid, tt.uid); err != nil {
+				t.Fatal(err)
+			}
+			d, err := New(cfg, slog.New(slog.DiscardHandler))
+			if tt.refused == "" {
+				if err != nil {
+					t.Fatalf("New = %v", err)
+				}
+				d.closeResources()
+				return
+			}
+			if err == nil {
+				d.closeResources()
+				t.Fatalf("New served in a runtime dir that is a %s", tt.name)
+			}
+			if !strings.Contains(err.Error(), tt.refused) {
+				t.Errorf("New = %v, want a refusal saying %q", err, tt.refused)
+			}
+			if _, err := os.Lstat(filepath.Join(target, filepath.Base(cfg.Socket))); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("socket created in the link's target anyway: %v", err)
+			}
+		})
+	}
+}
+
 // TestReload applies a new configuration to a running daemon with a
 // session open: the level and watermarks change live, the fields that need
 // a restart are named in one warning, and the session keeps working.

@@ -280,6 +280,17 @@ func bindNVMeEpoch(stateDir, dir string, epoch uint64, newEpoch bool, log *slog.
 // to. The default for a user without $XDG_RUNTIME_DIR, /tmp/kvtier-<uid>,
 // is a name any local user can create first.
 func checkSocketDir(dir string) error {
+	// A symlink at the path is checked as well as its target: another
+	// user's link to a directory that passes (/tmp: root's, sticky) would
+	// otherwise put the socket where that user chose.
+	if li, err := os.Lstat(dir); err == nil && li.Mode()&os.ModeSymlink != 0 {
+		if st, ok := li.Sys().(*syscall.Stat_t); ok {
+			if euid := os.Geteuid(); int(st.Uid) != euid && st.Uid != 0 {
+				return fmt.Errorf("socket dir %s is a symlink owned by uid %d, not by kvtierd's uid %d or root: its owner chose where the socket goes; "+
+					"use a directory of your own (runtime_dir, socket, or $XDG_RUNTIME_DIR)", dir, st.Uid, euid)
+			}
+		}
+	}
 	fi, err := os.Stat(dir)
 	if err != nil {
 		return fmt.Errorf("socket dir %s: %w", dir, err)
