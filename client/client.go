@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/kvtier/kvtier/cudaipc"
@@ -97,7 +96,7 @@ type Client struct {
 	// ownDir is set when opts.Socket is a non-root user's default path,
 	// whose directory (/tmp/kvtier-<uid> without $XDG_RUNTIME_DIR) any
 	// local user may have created: it must be euid's or root's (see
-	// checkSocketDir), checked at every connect.
+	// shm.CheckSocketDir), checked at every connect.
 	ownDir bool
 	euid   int
 
@@ -243,7 +242,12 @@ func (c *Client) forget(s *Session) {
 // the Welcome and the fds that came with it (owned by the caller).
 func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.UnixConn, shm.Welcome, []int, error) {
 	if c.ownDir {
-		if err := checkSocketDir(filepath.Dir(c.opts.Socket), c.euid); err != nil {
+		if err := shm.CheckSocketDir(filepath.Dir(c.opts.Socket), c.euid); err != nil {
+			if errors.Is(err, shm.ErrSocketDirUnsafe) {
+				err = fmt.Errorf("kvtier: refusing to connect: %w: another user's daemon may listen there (name the socket with $KVTIER_SOCKET or Options.Socket)", err)
+			} else {
+				err = fmt.Errorf("%w: %v", ErrDisconnected, err)
+			}
 			return nil, shm.Welcome{}, nil, err
 		}
 	}
@@ -311,36 +315,6 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 	}
 	uc.SetDeadline(time.Time{})
 	return uc, w, fds, nil
-}
-
-// checkSocketDir refuses a default socket directory another user
-// controls, by the rule the daemon applies to the directory it serves
-// from: owned by euid or root, and not writable by everyone unless sticky.
-// Its owner, or anyone, could have put a daemon of their own there, which
-// would be sent this client's blocks and answer its reads.
-//
-// A symlink there is followed only when it is euid's or root's: another
-// user's link could point at a directory that passes (/tmp, root's and
-// sticky) where that user's socket waits, or be turned there later.
-func checkSocketDir(dir string, euid int) error {
-	if li, err := os.Lstat(dir); err == nil && li.Mode()&os.ModeSymlink != 0 {
-		if st, ok := li.Sys().(*syscall.Stat_t); ok && int(st.Uid) != euid && st.Uid != 0 {
-			return fmt.Errorf("kvtier: socket dir %s is a symlink owned by uid %d, not by this user (uid %d) or root: it may lead to another user's daemon; "+
-				"refusing to connect (name the socket with $KVTIER_SOCKET or Options.Socket)", dir, st.Uid, euid)
-		}
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("%w: socket dir %s: %v", ErrDisconnected, dir, err)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != euid && st.Uid != 0 {
-		return fmt.Errorf("kvtier: socket dir %s is owned by uid %d, not by this user (uid %d) or root: another user's daemon may listen there; "+
-			"refusing to connect (name the socket with $KVTIER_SOCKET or Options.Socket)", dir, st.Uid, euid)
-	}
-	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&os.ModeSticky == 0 {
-		return fmt.Errorf("kvtier: socket dir %s is writable by everyone (mode %v) without the sticky bit: anyone could have replaced the socket; refusing to connect", dir, fi.Mode().Perm())
-	}
-	return nil
 }
 
 func (c *Client) dialAdmin(ctx context.Context) (*net.UnixConn, error) {

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -274,39 +273,6 @@ func bindNVMeEpoch(stateDir, dir string, epoch uint64, newEpoch bool, log *slog.
 	return nil
 }
 
-// checkSocketDir refuses a socket directory another user controls: its
-// owner, or anyone when it is writable by all without the sticky bit,
-// could replace the socket with their own and be the daemon clients talk
-// to. The default for a user without $XDG_RUNTIME_DIR, /tmp/kvtier-<uid>,
-// is a name any local user can create first.
-func checkSocketDir(dir string) error {
-	// A symlink at the path is checked as well as its target: another
-	// user's link to a directory that passes (/tmp: root's, sticky) would
-	// otherwise put the socket where that user chose.
-	if li, err := os.Lstat(dir); err == nil && li.Mode()&os.ModeSymlink != 0 {
-		if st, ok := li.Sys().(*syscall.Stat_t); ok {
-			if euid := os.Geteuid(); int(st.Uid) != euid && st.Uid != 0 {
-				return fmt.Errorf("socket dir %s is a symlink owned by uid %d, not by kvtierd's uid %d or root: its owner chose where the socket goes; "+
-					"use a directory of your own (runtime_dir, socket, or $XDG_RUNTIME_DIR)", dir, st.Uid, euid)
-			}
-		}
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("socket dir %s: %w", dir, err)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		if euid := os.Geteuid(); int(st.Uid) != euid && st.Uid != 0 {
-			return fmt.Errorf("socket dir %s is owned by uid %d, not by kvtierd's uid %d or root: its owner could replace the socket; "+
-				"use a directory of your own (runtime_dir, socket, or $XDG_RUNTIME_DIR)", dir, st.Uid, euid)
-		}
-	}
-	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&os.ModeSticky == 0 {
-		return fmt.Errorf("socket dir %s is writable by everyone (mode %v) without the sticky bit: anyone could replace the socket", dir, fi.Mode().Perm())
-	}
-	return nil
-}
-
 // lockFile takes an exclusive lock so that two daemons never share a state
 // dir.
 func lockFile(path string) (*os.File, error) {
@@ -333,7 +299,10 @@ func listen(runtimeDir, path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("create socket dir %s: %w", filepath.Dir(path), err)
 	}
-	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+	if err := shm.CheckSocketDir(filepath.Dir(path), os.Geteuid()); err != nil {
+		if errors.Is(err, shm.ErrSocketDirUnsafe) {
+			return nil, fmt.Errorf("%w: its owner could replace the socket; use a directory of your own (runtime_dir, socket, or $XDG_RUNTIME_DIR)", err)
+		}
 		return nil, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
