@@ -190,25 +190,7 @@ func TestOutOfFDsUnauthorizedGetsNothing(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (connects as another uid)")
 	}
-	path := filepath.Join(t.TempDir(), "kvtierd.toml")
-	if err := os.WriteFile(path, []byte("[auth]\nuids = [0]\n[host]\nslab_bytes = \"1MiB\"\nprefault = false\ncapacity = \"8MiB\"\n[nvme]\nenabled = false\n[ebpf]\nenabled = false\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ns := client.Namespace{ModelID: "m", Layers: 1, KVHeads: 1, HeadDim: 1, DType: "fp16", TokensPerBlock: 1, TPSize: 1, BlockBytes: 4096}
-	k := startKVTierd(t, path)
-	ctx := context.Background()
-	c, err := client.Dial(ctx, client.Options{Socket: k.socket, DialTimeout: 8 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for range 2 { // every lazily opened fd of the daemon is open
-		s, err := c.Open(ctx, ns)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-	}
+	k, _, _ := startWarmedUp(t, "[auth]\nuids = [0]\n")
 	leaveFreeFDs(t, k.cmd.Process.Pid, 0)
 
 	cn := dialAs(t, k.socket, 54321)
@@ -254,26 +236,9 @@ func devNullFDs(t *testing.T, pid int) int {
 // of file descriptors" whenever it came, though the shortage had long
 // passed: the first peer after fds are back must be served.
 func TestOutOfFDsOverServesAgain(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kvtierd.toml")
-	if err := os.WriteFile(path, []byte("[host]\nslab_bytes = \"1MiB\"\nprefault = false\ncapacity = \"8MiB\"\n[nvme]\nenabled = false\n[ebpf]\nenabled = false\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ns := client.Namespace{ModelID: "m", Layers: 1, KVHeads: 1, HeadDim: 1, DType: "fp16", TokensPerBlock: 1, TPSize: 1, BlockBytes: 4096}
-	k := startKVTierd(t, path)
+	k, c, ns := startWarmedUp(t, "")
 	pid := k.cmd.Process.Pid
 	ctx := context.Background()
-	c, err := client.Dial(ctx, client.Options{Socket: k.socket, DialTimeout: 8 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for range 2 { // every lazily opened fd of the daemon is open
-		s, err := c.Open(ctx, ns)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-	}
 	withSpare := devNullFDs(t, pid)
 	var old unix.Rlimit
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
@@ -305,4 +270,33 @@ func TestOutOfFDsOverServesAgain(t *testing.T) {
 		t.Fatalf("first session after fds are back: %v; want it served", err)
 	}
 	s.Close()
+}
+
+// startWarmedUp starts a small kvtierd (8 MiB host tier, no NVMe, no eBPF;
+// extra is prepended to its config) and opens and holds two sessions until
+// the test ends, so that every fd the daemon opens lazily is open before a
+// test takes its free fds away. It returns the client and namespace of
+// those sessions.
+func startWarmedUp(t *testing.T, extra string) (*kvtierd, *client.Client, client.Namespace) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kvtierd.toml")
+	if err := os.WriteFile(path, []byte(extra+"[host]\nslab_bytes = \"1MiB\"\nprefault = false\ncapacity = \"8MiB\"\n[nvme]\nenabled = false\n[ebpf]\nenabled = false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns := client.Namespace{ModelID: "m", Layers: 1, KVHeads: 1, HeadDim: 1, DType: "fp16", TokensPerBlock: 1, TPSize: 1, BlockBytes: 4096}
+	k := startKVTierd(t, path)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: k.socket, DialTimeout: 8 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	for range 2 {
+		s, err := c.Open(ctx, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+	}
+	return k, c, ns
 }
