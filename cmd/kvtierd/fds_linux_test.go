@@ -212,66 +212,6 @@ func TestOutOfFDsUnauthorizedGetsNothing(t *testing.T) {
 	}
 }
 
-// devNullFDs counts process pid's fds open on /dev/null (its spare fd among
-// them).
-func devNullFDs(t *testing.T, pid int) int {
-	t.Helper()
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range ents {
-		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && l == "/dev/null" {
-			n++
-		}
-	}
-	return n
-}
-
-// TestOutOfFDsOverServesAgain: once kvtierd has refused a peer on its spare
-// fd, the shortage lasting, its accept loop gives the spare up again and
-// waits, on the fd so freed, for the next peer. That peer was refused "out
-// of file descriptors" whenever it came, though the shortage had long
-// passed: the first peer after fds are back must be served.
-func TestOutOfFDsOverServesAgain(t *testing.T) {
-	k, c, ns := startWarmedUp(t, "")
-	pid := k.cmd.Process.Pid
-	ctx := context.Background()
-	withSpare := devNullFDs(t, pid)
-	var old unix.Rlimit
-	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
-		t.Fatal(err)
-	}
-	leaveFreeFDs(t, pid, 0)
-	if s, err := c.Open(ctx, ns); err == nil {
-		s.Close()
-		t.Fatal("a session opened with no fds left for it")
-	}
-	// The refusal done, its goroutine takes the spare again; then the
-	// accept loop, out of fds still, releases it and waits for a peer on
-	// the fd it freed.
-	deadline := time.Now().Add(5 * time.Second)
-	for _, released := range []bool{false, true} {
-		for (devNullFDs(t, pid) < withSpare) != released {
-			if time.Now().After(deadline) {
-				t.Fatalf("kvtierd's spare fd: not released=%v within 5s", released)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	// The shortage ends.
-	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &old, nil); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Open(ctx, ns)
-	if err != nil {
-		t.Fatalf("first session after fds are back: %v; want it served", err)
-	}
-	s.Close()
-}
-
 // startWarmedUp starts a small kvtierd (8 MiB host tier, no NVMe, no eBPF;
 // extra is prepended to its config) and opens and holds two sessions until
 // the test ends, so that every fd the daemon opens lazily is open before a
