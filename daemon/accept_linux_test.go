@@ -3,14 +3,19 @@
 package daemon
 
 import (
+	"bytes"
+	"context"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -107,5 +112,112 @@ func TestAcceptBrokenStopsPromptly(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return within 5s of its listener breaking: it waits for an idle admin peer")
+	}
+}
+
+// TestFDShortageStartsAfresh: a peer is refused on the spare fd only once
+// accept has failed for acceptShortage. A shortage used to begin at the
+// first failure after a successful accept, so a shortage long over (its end
+// unseen: the loop was waiting on the spare fd's accept, and the next accept
+// failed again) counted from its old start, and the next peer was refused at
+// once instead of after acceptShortage.
+func TestFDShortageStartsAfresh(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	type step struct {
+		at     time.Duration // a failed accept at this time; < 0: a successful accept
+		lasted bool
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"backs off to a second and lasts", []step{{0, false}, {ms(5), false}, {ms(15), false}, {ms(35), false}, {ms(500), false}, {ms(1000), true}, {ms(2000), true}}},
+		{"a gap of one backoff is the same shortage", []step{{0, false}, {ms(1000), true}, {ms(2900), true}}},
+		{"a quiet hour starts a new one", []step{{0, false}, {ms(1200), true}, {time.Hour, false}, {time.Hour + ms(600), false}, {time.Hour + ms(1000), true}}},
+		{"an accept ends it", []step{{0, false}, {ms(1200), true}, {-1, false}, {ms(1300), false}, {ms(2300), true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t0 := time.Now()
+			var s fdShortage
+			for i, st := range tc.steps {
+				if st.at < 0 {
+					s.end()
+					continue
+				}
+				if got := s.fail(t0.Add(st.at)); got != st.lasted {
+					t.Errorf("step %d (failure at %v): lasted=%v, want %v", i, st.at, got, st.lasted)
+				}
+			}
+		})
+	}
+}
+
+// TestAnswerOnSpareServesWhenFDsAreBack: the peer accepted on the spare fd
+// may come long after the shortage ended (that accept waits for the next
+// peer). It is then served, not refused "out of file descriptors", and the
+// spare is held again for the next shortage. (Its refusal while fds are
+// still short is TestOutOfFDsRefusesClearly, cmd/kvtierd.)
+func TestAnswerOnSpareServesWhenFDsAreBack(t *testing.T) {
+	cfg := testConfig(t)
+	r := startDaemon(t, cfg, nil)
+	dialAdmin(t, cfg).Close() // serving
+
+	// A listener of the test's own stands in for the daemon's, so that the
+	// connection reaches answerOnSpare and nothing else.
+	path := filepath.Join(t.TempDir(), "spare.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// Every connection of the client (Dial's admin one, then the session's)
+	// is answered as one accepted on the spare fd.
+	var wg sync.WaitGroup
+	var spares []*spareFD
+	accepting := make(chan struct{})
+	go func() {
+		defer close(accepting)
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			spare := new(spareFD) // given up to accept c, as the accept loop does
+			spares = append(spares, spare)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.d.answerOnSpare(context.Background(), c, spare, unix.EMFILE)
+			}()
+		}
+	}()
+	cl, err := client.Dial(context.Background(), client.Options{Socket: path, Name: "after-shortage"})
+	if err != nil {
+		t.Fatalf("a peer accepted on the spare fd after the shortage ended: %v", err)
+	}
+	s, err := cl.Open(context.Background(), testNamespace(64*KiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	putBlocks(t, s, 1)
+	got := make([]byte, s.BlockBytes())
+	if err := s.Get(context.Background(), testHash(0), got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte{1}, s.BlockBytes())) {
+		t.Fatal("the session served on the spare fd read back other bytes")
+	}
+	cl.Close()
+	ln.Close()
+	<-accepting
+	wg.Wait()
+	if len(spares) != 2 {
+		t.Errorf("%d connections answered, want 2 (admin, session)", len(spares))
+	}
+	for i, spare := range spares {
+		if !spare.held() {
+			t.Errorf("connection %d: the spare fd was not taken again after the shortage", i)
+		}
+		spare.close()
 	}
 }

@@ -380,7 +380,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	var err error
 	var backoff time.Duration
-	var short time.Time // when the current shortage of fds began
+	var short fdShortage
 	var spare spareFD
 	spare.open()
 	defer spare.close()
@@ -396,37 +396,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 				// When the shortage lasts (sessions hold the fds), the
 				// oldest peer waiting is told so, on the spare fd, rather
 				// than left to its handshake timeout.
-				if short.IsZero() {
-					short = time.Now()
-				}
-				if outOfFDs(aerr) && time.Since(short) >= acceptShortage && spare.release() {
+				lasted := short.fail(time.Now())
+				if outOfFDs(aerr) && lasted && spare.release() {
 					if c, rerr := d.ln.AcceptUnix(); rerr == nil {
 						d.wg.Add(1)
 						go func() {
 							defer d.wg.Done()
-							// With no peer waiting, that accept waited for
-							// the next one, on the fd the spare freed, for
-							// as long as it took: the shortage may be over
-							// by now. A spare taken again says it is.
-							if spare.open(); spare.held() {
-								d.serveConn(ctx, c)
-								return
-							}
-							defer spare.open()
-							defer c.Close()
-							// Credentials first: a peer that is not allowed
-							// learns nothing of the daemon's state.
-							if !d.authorized(c) {
-								return
-							}
-							d.log.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
-							d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is out of file descriptors (its limit is %d); try again later", fdLimit()))
+							d.answerOnSpare(ctx, c, &spare, aerr)
 						}()
 						continue
 					}
 					spare.open()
 				}
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				backoff = min(max(2*backoff, 5*time.Millisecond), maxAcceptBackoff)
 				d.log.Warn("accept failed; retrying", "err", aerr, "in", backoff)
 				select {
 				case <-time.After(backoff):
@@ -439,7 +421,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 			fail()
 			break
 		}
-		backoff, short = 0, time.Time{}
+		backoff = 0
+		short.end()
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
@@ -504,6 +487,49 @@ func acceptRetryable(err error) bool {
 // peers waiting in the backlog are refused (one at a time, on the spare fd)
 // rather than left to wait for fds without a word.
 const acceptShortage = time.Second
+
+// maxAcceptBackoff bounds the wait between failed accepts: while a shortage
+// lasts, accept fails at least this often (Linux takes the fd before it
+// looks at the backlog, so it fails even with no peer waiting).
+const maxAcceptBackoff = time.Second
+
+// fdShortage is a run of accepts failing for want of resources.
+type fdShortage struct{ start, last time.Time }
+
+// fail records a failed accept at now and reports whether the shortage has
+// lasted acceptShortage. A failure more than two maxAcceptBackoff after the
+// previous one starts a new shortage: the loop did not fail in between, so
+// the fds came back (it was waiting on the spare fd's accept, or accepting).
+func (s *fdShortage) fail(now time.Time) bool {
+	if s.start.IsZero() || now.Sub(s.last) > 2*maxAcceptBackoff {
+		s.start = now
+	}
+	s.last = now
+	return now.Sub(s.start) >= acceptShortage
+}
+
+// end records a successful accept.
+func (s *fdShortage) end() { *s = fdShortage{} }
+
+// answerOnSpare answers a peer accepted on the fd the spare freed. With no
+// peer waiting, that accept waited for the next one for as long as it took:
+// the shortage may be over by now, and a spare taken again says it is; then
+// the peer is served. Otherwise it is refused busy, after its credentials
+// (a peer that is not allowed learns nothing of the daemon's state), and
+// the spare is taken again once its fd is closed.
+func (d *Daemon) answerOnSpare(ctx context.Context, c *net.UnixConn, spare *spareFD, aerr error) {
+	if spare.open(); spare.held() {
+		d.serveConn(ctx, c)
+		return
+	}
+	defer spare.open()
+	defer c.Close()
+	if !d.authorized(c) {
+		return
+	}
+	d.log.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
+	d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is out of file descriptors (its limit is %d); try again later", fdLimit()))
+}
 
 // outOfFDs reports whether err is a shortage of file descriptors.
 func outOfFDs(err error) bool {
