@@ -72,11 +72,20 @@ func newRootCmd() *cobra.Command {
 // dial connects to the daemon and turns "not running" into an actionable
 // message.
 func (g *globals) dial(ctx context.Context) (*client.Client, error) {
-	c, err := client.Dial(ctx, client.Options{Socket: g.socket, Name: "kvtierctl", DialTimeout: g.timeout})
+	opts := client.Options{Socket: g.socket, Name: "kvtierctl", DialTimeout: g.timeout}
+	if g.socket == shm.DefaultSocket() {
+		// The client checks a default socket's directory (another user
+		// may have made it first); named, it would take it on trust.
+		opts.Socket = ""
+	}
+	c, err := client.Dial(ctx, opts)
 	if err != nil {
 		var ref *client.RefusedError
 		if errors.As(err, &ref) {
 			return nil, fmt.Errorf("kvtierd at %s refused kvtierctl: %s", g.socket, ref.Message)
+		}
+		if errors.Is(err, shm.ErrSocketDirUnsafe) {
+			return nil, err // says what is wrong and what to do
 		}
 		return nil, fmt.Errorf("cannot reach kvtierd at %s (is it running? see --socket or $KVTIER_SOCKET): %w", g.socket, err)
 	}
