@@ -863,6 +863,7 @@ func (d *Daemon) Stats() shm.Stats {
 		Ops: map[string]uint64{},
 	}
 	if d.nvme != nil {
+		st.Tiers[0].HighWatermark, _ = d.chain.ConfiguredWatermarks()
 		ns := d.nvme.Stats()
 		nr := 0.0
 		if cs.NVMeHits+cs.NVMeMisses > 0 {

@@ -50,6 +50,10 @@ type TierStats struct {
 	// Host tier: the slab size of its allocator (each slab holds whole
 	// blocks of one size).
 	SlabBytes int64 `json:"slab_bytes,omitempty"`
+	// Host tier with an NVMe tier below it: the configured share of its
+	// capacity above which it demotes (the most it keeps at rest; omitted
+	// when it has nowhere to demote and fills to its capacity).
+	HighWatermark float64 `json:"high_watermark,omitempty"`
 	// Host tier: slabs freed by compaction and the blocks it moved.
 	Compactions     uint64 `json:"compactions,omitempty"`
 	CompactedBlocks uint64 `json:"compacted_blocks,omitempty"`

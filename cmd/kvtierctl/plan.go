@@ -216,7 +216,19 @@ type planInput struct {
 	// SlabBytes is the host tier's slab size (the daemon's
 	// host.slab_bytes); 0 means its default.
 	SlabBytes uint64
+	// HostHigh and GPUHigh are the tiers' high watermarks (host and gpu
+	// .high_watermark); 0 means the daemon's default. A tier that has a
+	// tier below to demote to keeps at most this share of its capacity:
+	// a working set above it is demoted down to the low watermark, again
+	// and again. The host tier has one only above an NVMe tier.
+	HostHigh, GPUHigh float64
 }
+
+// The daemon's default high watermarks (daemon.DefaultConfig).
+const (
+	defaultHostHigh = 0.95
+	defaultGPUHigh  = 0.9
+)
 
 // The host tier's allocator (tiers/doc.go): a slab holds
 // floor(SlabBytes/stride) blocks of one size, the stride being the block
@@ -232,7 +244,8 @@ type planTier struct {
 	CapacityBytes uint64 `json:"capacity_bytes"`
 	// UsableBytes is the block bytes the tier holds at most (BlocksFit
 	// whole blocks): less than its capacity where the tier packs blocks
-	// into slabs (host) or evicts above a logical limit (NVMe).
+	// into slabs (host), demotes above a high watermark (GPU; host above
+	// NVMe) or evicts above a logical limit (NVMe).
 	UsableBytes uint64  `json:"usable_bytes"`
 	RequestsFit uint64  `json:"requests_fit"`
 	BlocksFit   uint64  `json:"blocks_fit"`
@@ -299,6 +312,10 @@ func computePlan(in planInput) (planResult, error) {
 		return planResult{}, errors.New("plan: --concurrency must be positive")
 	case in.AvgContext <= 0:
 		return planResult{}, errors.New("plan: --avg-context must be positive")
+	case in.HostHigh < 0 || in.HostHigh > 1 || math.IsNaN(in.HostHigh):
+		return planResult{}, fmt.Errorf("plan: --host-high-watermark must be in (0, 1], got %v", in.HostHigh)
+	case in.GPUHigh < 0 || in.GPUHigh > 1 || math.IsNaN(in.GPUHigh):
+		return planResult{}, fmt.Errorf("plan: --gpu-high-watermark must be in (0, 1], got %v", in.GPUHigh)
 	case in.SlabBytes != 0 && (in.SlabBytes < 1<<20 || in.SlabBytes > 1<<30 || bits.OnesCount64(in.SlabBytes) != 1):
 		return planResult{}, fmt.Errorf("plan: --slab-bytes must be a power of two between 1MiB and 1GiB, got %d", in.SlabBytes)
 	}
@@ -390,6 +407,22 @@ func computePlan(in planInput) (planResult, error) {
 			}
 		}
 		blocks := usable / charge
+		// Where the tier demotes, what it keeps (block bytes, as its mover
+		// counts them) stays under the high watermark.
+		var high float64
+		switch {
+		case t.name == "gpu":
+			high = cmp.Or(in.GPUHigh, defaultGPUHigh)
+		case t.name == "host" && in.NVMeBytes > 0:
+			high = cmp.Or(in.HostHigh, defaultHostHigh)
+		}
+		underHigh := func(blocks uint64) uint64 {
+			if high == 0 {
+				return blocks
+			}
+			return min(blocks, uint64(high*float64(t.capa))/r.BlockBytes)
+		}
+		blocks = underHigh(blocks)
 		if t.name == "host" {
 			slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
 			// A slab is a multiple of hostAlign: a block no larger
@@ -399,7 +432,7 @@ func computePlan(in planInput) (planResult, error) {
 					humanize.IBytes(r.BlockBytes), humanize.IBytes(slab))
 			}
 			stride := ceilDiv(r.BlockBytes, hostAlign) * hostAlign
-			blocks = t.capa / slab * (slab / stride)
+			blocks = underHigh(t.capa / slab * (slab / stride))
 		}
 		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds
@@ -481,6 +514,15 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 			if gpu > 0 || host > 0 || nvme > 0 {
 				in.TierSource = "flags"
 			}
+			// 0 means "the default" to computePlan; given, it is wrong.
+			for _, w := range []struct {
+				flag string
+				v    float64
+			}{{"host-high-watermark", in.HostHigh}, {"gpu-high-watermark", in.GPUHigh}} {
+				if !(w.v > 0 && w.v <= 1) {
+					return fmt.Errorf("plan: --%s must be in (0, 1], got %v", w.flag, w.v)
+				}
+			}
 			if live || cmd.Flags().Changed("socket") {
 				ctx, cancel := g.ctx(cmd.Context())
 				defer cancel()
@@ -503,6 +545,9 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 						}
 						if t.SlabBytes > 0 && !f.Changed("slab-bytes") {
 							in.SlabBytes = uint64(t.SlabBytes)
+						}
+						if t.HighWatermark > 0 && !f.Changed("host-high-watermark") {
+							in.HostHigh = t.HighWatermark
 						}
 					case t.Name == "nvme" && !f.Changed("nvme-bytes"):
 						in.NVMeBytes = uint64(max(t.CapacityBytes, 0))
@@ -536,6 +581,8 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 	f.Var(&host, "host-bytes", "host tier `size`, e.g. 256GiB")
 	f.Var(&nvme, "nvme-bytes", "NVMe tier `size`, e.g. 2TiB")
 	f.Var(&slab, "slab-bytes", "the daemon's host.slab_bytes (with --socket: the daemon's): the host tier holds whole blocks, each rounded up to 4KiB, per slab of this `size`")
+	f.Float64Var(&in.HostHigh, "host-high-watermark", defaultHostHigh, "the daemon's host.high_watermark (with --socket: the daemon's): with an NVMe tier, the host tier keeps at most this share of its size")
+	f.Float64Var(&in.GPUHigh, "gpu-high-watermark", defaultGPUHigh, "the daemon's gpu.high_watermark: a GPU arena keeps at most this share of its size")
 	f.BoolVar(&live, "live", false, "take host and NVMe tier sizes from the daemon at --socket (implied by --socket)")
 	return cmd
 }

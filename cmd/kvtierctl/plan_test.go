@@ -1,12 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvtier/kvtier/daemon"
 )
 
 const (
@@ -576,5 +581,99 @@ func TestLoadHFConfigBounded(t *testing.T) {
 		`{"num_hidden_layers":2,"num_attention_heads":2,"hidden_size":128,"pad":"`+strings.Repeat("x", 1<<20)+`"}`)
 	if m, err := loadHFConfig(path); err != nil || m.Layers != 2 {
 		t.Errorf("loadHFConfig of a 1 MiB config = %+v, %v", m, err)
+	}
+}
+
+// A tier with a tier below it demotes above its high watermark (the host
+// tier only above an NVMe tier: tiers/chain.go), down to its low one: a
+// working set between the two is demoted again and again. The planner
+// counted the whole capacity as room, so it planned such a working set as
+// fitting. llama-3-8b bf16, 16 tokens: 2 MiB blocks, 512 of them in 1 GiB.
+func TestPlanHighWatermarks(t *testing.T) {
+	const block = 2 * mib
+	tests := []struct {
+		name              string
+		gpu, host, nvme   uint64
+		hostHigh, gpuHigh float64
+		wantGPU, wantHost uint64
+	}{
+		{"host without nvme fills to capacity", 0, gib, 0, 0, 0, 0, 512},
+		// floor(0.95 GiB) / 2 MiB = 486.4
+		{"host above nvme: default 0.95", 0, gib, 64 * gib, 0, 0, 0, 486},
+		{"host above nvme: 0.5", 0, gib, 64 * gib, 0.5, 0, 0, 256},
+		{"host above nvme: 1", 0, gib, 64 * gib, 1, 0, 0, 512},
+		// floor(0.9 GiB) / 2 MiB = 460.8
+		{"gpu: default 0.9", gib, gib, 0, 0, 0, 460, 512},
+		{"gpu: 0.25", gib, 0, 0, 0, 0.25, 128, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := computePlan(planInput{Model: preset(t, "llama-3-8b"), DType: "bf16", TP: 1, TokensPerBlock: 16,
+				Concurrency: 1, AvgContext: 16, GPUBytes: tt.gpu, HostBytes: tt.host, NVMeBytes: tt.nvme,
+				HostHigh: tt.hostHigh, GPUHigh: tt.gpuHigh})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.BlockBytes != block {
+				t.Fatalf("block of %d bytes, want %d", r.BlockBytes, block)
+			}
+			for _, tier := range r.Tiers {
+				want := map[string]uint64{"gpu": tt.wantGPU, "host": tt.wantHost}[tier.Name]
+				if tier.Name == "nvme" {
+					continue
+				}
+				if tier.BlocksFit != want || tier.UsableBytes != want*block {
+					t.Errorf("%s tier: %d blocks (%d usable bytes), want %d", tier.Name, tier.BlocksFit, tier.UsableBytes, want)
+				}
+			}
+		})
+	}
+	for _, args := range [][]string{
+		{"--host-high-watermark", "0"},
+		{"--host-high-watermark", "1.5"},
+		{"--gpu-high-watermark", "-1"},
+	} {
+		if _, err := run(t, append([]string{"plan", "--model", "llama-3-8b", "--host-bytes", "1GiB"}, args...)...); err == nil || !strings.Contains(err.Error(), "watermark") {
+			t.Errorf("plan %v: %v, want a watermark error", args, err)
+		}
+	}
+
+	// plan --socket takes the daemon's own watermark: a 32 MiB host tier
+	// (two 16 MiB slabs of eight 2 MiB blocks) above NVMe with
+	// host.high_watermark 0.5 keeps 8 blocks; an explicit flag wins.
+	dir := t.TempDir()
+	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-metrics-listen", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host.SlabBytes, cfg.Host.Capacity, cfg.Host.Prefault = 16<<20, 32<<20, false
+	cfg.Host.HighWatermark, cfg.Host.LowWatermark = 0.5, 0.4
+	cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 128<<20
+	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	}()
+	base := []string{"--model", "llama-3-8b", "--concurrency", "4", "--avg-context", "1024", "--socket", cfg.Socket, "--nvme-bytes", "0"}
+	for _, tc := range []struct {
+		flags  []string
+		blocks uint64
+	}{
+		{nil, 16}, // no NVMe tier in the plan: the host tier fills
+		{[]string{"--nvme-bytes", "1GiB"}, 8},
+		{[]string{"--nvme-bytes", "1GiB", "--host-high-watermark", "1"}, 16},
+	} {
+		r := planJSON(t, append(base, tc.flags...)...)
+		if len(r.Tiers) == 0 || r.Tiers[0].Name != "host" || r.Tiers[0].BlocksFit != tc.blocks {
+			t.Errorf("plan %v: tiers %+v, want a host tier of %d blocks", tc.flags, r.Tiers, tc.blocks)
+		}
 	}
 }
