@@ -29,13 +29,23 @@ import (
 // restart.
 func restartableDaemon(t *testing.T, dir string, hostMiB int) (string, func()) {
 	t.Helper()
-	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", "", "-no-nvme"}
+	return startDaemonIn(t, dir, func(cfg *daemon.Config) {
+		cfg.NVMe.Enabled = false
+		cfg.Host.SlabBytes = 16 << 20
+		cfg.Host.Capacity = daemon.ByteSize(hostMiB) << 20
+	})
+}
+
+// startDaemonIn is restartableDaemon with the config (defaults, no metrics
+// endpoint, runtime and state under dir) set by set.
+func startDaemonIn(t *testing.T, dir string, set func(*daemon.Config)) (string, func()) {
+	t.Helper()
+	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""}
 	cfg, err := daemon.LoadFromArgs(args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Host.SlabBytes = 16 << 20
-	cfg.Host.Capacity = daemon.ByteSize(hostMiB) << 20
+	set(&cfg)
 	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -641,28 +638,12 @@ func TestPlanHighWatermarks(t *testing.T) {
 	// plan --socket takes the daemon's own watermark: a 32 MiB host tier
 	// (two 16 MiB slabs of eight 2 MiB blocks) above NVMe with
 	// host.high_watermark 0.5 keeps 8 blocks; an explicit flag wins.
-	dir := t.TempDir()
-	cfg, err := daemon.LoadFromArgs([]string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-metrics-listen", ""})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Host.SlabBytes, cfg.Host.Capacity, cfg.Host.Prefault = 16<<20, 32<<20, false
-	cfg.Host.HighWatermark, cfg.Host.LowWatermark = 0.5, 0.4
-	cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 128<<20
-	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	}()
-	base := []string{"--model", "llama-3-8b", "--concurrency", "4", "--avg-context", "1024", "--socket", cfg.Socket, "--nvme-bytes", "0"}
+	sock, _ := startDaemonIn(t, t.TempDir(), func(cfg *daemon.Config) {
+		cfg.Host.SlabBytes, cfg.Host.Capacity, cfg.Host.Prefault = 16<<20, 32<<20, false
+		cfg.Host.HighWatermark, cfg.Host.LowWatermark = 0.5, 0.4
+		cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 128<<20
+	})
+	base := []string{"--model", "llama-3-8b", "--concurrency", "4", "--avg-context", "1024", "--socket", sock, "--nvme-bytes", "0"}
 	for _, tc := range []struct {
 		flags  []string
 		blocks uint64
