@@ -149,24 +149,30 @@ func TestComputePlanTiers(t *testing.T) {
 			[]tierWant{{"host", 100 * gib, 100, 64 * gib, 51200, 1000}}, "host", false, 0},
 		{"spills into nvme", 20 * gib, 32 * gib, 1 << 40, 1,
 			[]tierWant{
-				{"gpu", 20 * gib, 20, 20 * gib, 10240, 312},
-				{"host", 32 * gib, 32, 32 * gib, 16384, 500},
+				// Under the high watermarks: 0.9 of the GPU's 20 GiB
+				// (9216 blocks of 2 MiB), 0.95 of the host's 32 GiB
+				// above NVMe (floor(32641751449.6 B / 2 MiB) = 15564).
+				{"gpu", 20 * gib, 18, 18 * gib, 9216, 281},
+				{"host", 32 * gib, 30, 15564 * 2 * mib, 15564, 474},
 				// Up to the store's logical limit, 0.9 TiB =
 				// 989560464998 B: 471816 blocks of 2 MiB + 192 B.
-				{"nvme", 1 << 40, 921, 12 * gib, 471816, 187},
+				{"nvme", 1 << 40, 921, 64*gib - 18*gib - 15564*2*mib, 471816, 243},
 			}, "nvme", true, 0},
 		{"gpu per GPU times tp", 40 * gib, 64 * gib, 0, 2,
 			[]tierWant{
-				{"gpu", 80 * gib, 80, 64 * gib, 80 * 1024, 1000},
+				// 0.9 of 80 GiB in 1 MiB blocks per rank; the host tier,
+				// with no NVMe tier below, fills to its capacity.
+				{"gpu", 80 * gib, 72, 64 * gib, 72 * 1024, 1000},
 				{"host", 64 * gib, 64, 0, 64 * 1024, 0},
 			}, "gpu", false, 0},
 		{"does not fit", 0, 16 * gib, 16 * gib, 1,
 			[]tierWant{
-				{"host", 16 * gib, 16, 16 * gib, 8192, 250},
+				// 0.95 of 16 GiB: floor(16320875724.8 B / 2 MiB) = 7782.
+				{"host", 16 * gib, 15, 7782 * 2 * mib, 7782, 237},
 				// Limit 16 GiB − (3·512 + 256 + 4) MiB = 15296626688
 				// B: 7293 blocks of 2 MiB + 192 B.
 				{"nvme", 16 * gib, 14, 7293 * 2 * mib, 7293, 222},
-			}, "nvme", true, 48*gib - 7293*2*mib},
+			}, "nvme", true, 64*gib - 7782*2*mib - 7293*2*mib},
 		{"partial request", 0, gib + gib/2, 0, 1,
 			[]tierWant{{"host", gib + gib/2, 1, gib + gib/2, 768, 23}}, "host", true, 64*gib - gib - gib/2},
 	}
