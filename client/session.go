@@ -622,6 +622,13 @@ var ErrParked = errors.New("kvtier: request already parked")
 // host memory, held for a retry up to half the host tier and evictable
 // beyond it (kvtier_errors_total{kind="park"} counts them). A Park that fails parks nothing (with
 // ErrParked, the request parked before stays as it was).
+//
+// Request ids are those of the namespace, not of the session: any session
+// of the same namespace, in this process or another (another replica of
+// the same model), reaches a request by its id, which is what lets one
+// engine process resume a request another parked. Processes that must
+// not reach each other's requests take ids that cannot collide (random
+// 64-bit ids, or a replica number in the high bits).
 func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) error {
 	for _, b := range blocks {
 		if uint64(len(b)) != s.ns.BlockBytes {
