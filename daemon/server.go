@@ -808,15 +808,17 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 		if err != nil {
 			return
 		}
-		if err := d.control(c, raw); err != nil {
+		if err := d.control(ctx, c, raw); err != nil {
 			log.Warn("closing admin connection", "reason", err)
 			return
 		}
 	}
 }
 
-// control answers one out-of-band request.
-func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
+// control answers one out-of-band request. ctx is Run's: a stop cuts a
+// flush in progress (the stop's own write-down, with nvme.flush_on_stop,
+// carries on where it left off, within its own bound).
+func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error {
 	t, _, payload, err := shm.DecodeMsg(raw)
 	if err != nil {
 		return err
@@ -852,7 +854,10 @@ func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
 			return fmt.Errorf("%w: flush request with %d payload bytes", shm.ErrMalformed, len(payload))
 		}
 		t0 := time.Now()
-		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		// Bound by Run's ctx too: Run waits for this goroutine before its
+		// own write-down, and a flush that ran on for its whole bound
+		// would put the stop past systemd's TimeoutStopSec.
+		fctx, cancel := context.WithTimeout(ctx, flushTimeout)
 		n, ferr := d.chain.Flush(fctx)
 		cancel()
 		d.log.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
