@@ -89,6 +89,11 @@ type Daemon struct {
 	// quar holds the open reservations of ended sessions until
 	// their process has exited (quarantine.go).
 	quar *quarantine
+
+	// notifyMu orders a reload's RELOADING=1 / READY=1 against STOPPING=1,
+	// after which stopping is set and no READY=1 follows (notify.go).
+	notifyMu sync.Mutex
+	stopping bool
 }
 
 // New prepares a daemon: directories, state lock, namespace registry, host
