@@ -21,6 +21,29 @@ func (d *Daemon) notify(state string) {
 	}
 }
 
+// notifyStopping sends STOPPING=1 (with msg's other lines), once; later
+// READY=1 or RELOADING=1 from a reload are not sent (notifyServing).
+func (d *Daemon) notifyStopping() {
+	d.notifyMu.Lock()
+	defer d.notifyMu.Unlock()
+	if d.stopping {
+		return
+	}
+	d.stopping = true
+	d.notify(sdnotify.SdNotifyStopping + "\nSTATUS=" + d.statusLine(true))
+}
+
+// notifyServing sends state (a reload's RELOADING=1 or READY=1) unless
+// STOPPING=1 went out: a reload that ends during the drain would tell
+// systemd the daemon is ready and serving again.
+func (d *Daemon) notifyServing(state string) {
+	d.notifyMu.Lock()
+	defer d.notifyMu.Unlock()
+	if !d.stopping {
+		d.notify(state)
+	}
+}
+
 // startNotify tells systemd the daemon is ready (the socket listens: New
 // bound it) and starts the goroutine that owns the rest of the protocol:
 // STATUS= every statusInterval, WATCHDOG=1 at half of WATCHDOG_USEC, and
@@ -59,7 +82,7 @@ func (d *Daemon) startNotify(ctx context.Context) (stop func()) {
 			case <-stopping:
 				stopping = nil
 				sentStopping = true
-				d.notify(sdnotify.SdNotifyStopping + "\nSTATUS=" + d.statusLine(true))
+				d.notifyStopping()
 			case <-ping:
 				// Counting sessions takes the session table's lock: a daemon
 				// wedged on it stops pinging and systemd restarts it.
@@ -73,9 +96,7 @@ func (d *Daemon) startNotify(ctx context.Context) (stop func()) {
 	return func() {
 		close(done)
 		<-exited
-		if !sentStopping {
-			d.notify(sdnotify.SdNotifyStopping + "\nSTATUS=" + d.statusLine(true))
-		}
+		d.notifyStopping() // if Run ended for another reason than ctx
 	}
 }
 

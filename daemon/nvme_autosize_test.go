@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"testing"
@@ -31,7 +32,7 @@ func TestNVMeAutoCapacityStableAcrossRestart(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	const epoch = 0x5eed
 
-	s, err := openNVMe(cfg, epoch, false, log)
+	s, err := openNVMe(context.Background(), cfg, epoch, false, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestNVMeAutoCapacityStableAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s, err = openNVMe(cfg, epoch, false, log)
+	s, err = openNVMe(context.Background(), cfg, epoch, false, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,8 +79,8 @@ func (d *Daemon) Reload(next Config) error {
 	if d.closing.Load() {
 		return errors.New("reload: kvtierd is stopping")
 	}
-	d.notify(sdnotify.SdNotifyReloading + "\n" + sdnotify.SdNotifyMonotonicUsec())
-	defer func() { d.notify(sdnotify.SdNotifyReady + "\nSTATUS=" + d.statusLine(false)) }()
+	d.notifyServing(sdnotify.SdNotifyReloading + "\n" + sdnotify.SdNotifyMonotonicUsec())
+	defer func() { d.notifyServing(sdnotify.SdNotifyReady + "\nSTATUS=" + d.statusLine(false)) }()
 	// host.slab_bytes needs a restart: a capacity target is a whole
 	// number of the running arena's slabs.
 	if err := next.validate(d.cfg.Host.SlabBytes); err != nil {

@@ -89,11 +89,24 @@ type Daemon struct {
 	// quar holds the open reservations of ended sessions until
 	// their process has exited (quarantine.go).
 	quar *quarantine
+
+	// notifyMu orders a reload's RELOADING=1 / READY=1 against STOPPING=1,
+	// after which stopping is set and no READY=1 follows (notify.go).
+	notifyMu sync.Mutex
+	stopping bool
 }
 
 // New prepares a daemon: directories, state lock, namespace registry, host
 // arena and listening socket. Nothing is served until Run.
 func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	return NewContext(context.Background(), cfg, log)
+}
+
+// NewContext is New, given up when ctx ends: a stop asked for during
+// start-up (SIGTERM while a large NVMe tier reindexes, which may take
+// minutes) ends it with an error wrapping ctx's, having bound no socket,
+// rather than after a whole start-up followed by READY=1 and a drain.
+func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -121,6 +134,15 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if d.reg, err = OpenRegistry(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("open namespace registry: %w", err)
 	}
+	stopped := func() error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("start-up stopped: %w", context.Cause(ctx))
+		}
+		return nil
+	}
+	if err := stopped(); err != nil {
+		return nil, err
+	}
 	t0 := time.Now()
 	// The arena a previous kvtierd left in systemd's fd store, or a new one.
 	if d.arena, err = d.openArena(); err != nil {
@@ -133,8 +155,14 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host tier: %w", err)
 	}
+	if err := stopped(); err != nil {
+		return nil, err
+	}
 	if cfg.NVMe.Enabled {
-		if d.nvme, err = openNVMe(cfg, d.reg.Epoch(), d.reg.NewEpoch(), log); err != nil {
+		if d.nvme, err = openNVMe(ctx, cfg, d.reg.Epoch(), d.reg.NewEpoch(), log); err != nil {
+			if serr := stopped(); serr != nil {
+				return nil, serr // the reindex was cut, not the tier broken
+			}
 			// The host tier works alone; say so loudly rather than refuse
 			// to serve.
 			log.Error("nvme tier unavailable; running with the host tier only", "err", err)
@@ -153,10 +181,16 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("tier chain: %w", err)
 	}
 	d.adoptWarm() // blocks left in a stored arena, verified
+	if err := stopped(); err != nil {
+		return nil, err
+	}
 	d.gpus = openGPUs(cfg, d.chain, d.arena.Bytes(), log)
 	log.Info("replacement policy", "name", d.chain.PolicyName())
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
+	if err := stopped(); err != nil {
+		return nil, err
+	}
 	if d.ln, err = listen(cfg.RuntimeDir, cfg.Socket); err != nil {
 		return nil, err
 	}
@@ -164,6 +198,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		"allowed_uids", cfg.Auth.UIDs, "allowed_gids", cfg.Auth.GIDs, "pid", os.Getpid(), "version", Version)
 	d.openProbes() // logs each one unavailable; never fatal (ebpf.go)
 	d.listenMetrics()
+	if err := stopped(); err != nil {
+		return nil, err
+	}
 	ok = true
 	return d, nil
 }
@@ -182,7 +219,7 @@ func (d *Daemon) chainConfig() tiers.ChainConfig {
 // the configuration leaves it at 0. Its blocks are keyed by namespace id,
 // which only means something within the registry epoch it was written
 // under (see bindNVMeEpoch).
-func openNVMe(cfg Config, epoch uint64, newEpoch bool, log *slog.Logger) (*nvme.Store, error) {
+func openNVMe(ctx context.Context, cfg Config, epoch uint64, newEpoch bool, log *slog.Logger) (*nvme.Store, error) {
 	dir := filepath.Join(cfg.StateDir, "nvme")
 	if err := bindNVMeEpoch(cfg.StateDir, dir, epoch, newEpoch, log); err != nil {
 		return nil, err
@@ -208,7 +245,7 @@ func openNVMe(cfg Config, epoch uint64, newEpoch bool, log *slog.Logger) (*nvme.
 		}
 	}
 	t0 := time.Now()
-	store, err := nvme.Open(context.Background(), nvme.Options{
+	store, err := nvme.Open(ctx, nvme.Options{
 		Dir: dir, CapacityBytes: capacity, Logger: log,
 		// Parked requests are never dropped for space; they expire by TTL.
 		Unevictable: func(k nvme.Key) bool { return k.NS&tiers.ParkedNS != 0 },
@@ -776,15 +813,17 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 		if err != nil {
 			return
 		}
-		if err := d.control(c, raw); err != nil {
+		if err := d.control(ctx, c, raw); err != nil {
 			log.Warn("closing admin connection", "reason", err)
 			return
 		}
 	}
 }
 
-// control answers one out-of-band request.
-func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
+// control answers one out-of-band request. ctx is Run's: a stop cuts a
+// flush in progress (the stop's own write-down, with nvme.flush_on_stop,
+// carries on where it left off, within its own bound).
+func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error {
 	t, _, payload, err := shm.DecodeMsg(raw)
 	if err != nil {
 		return err
@@ -820,7 +859,10 @@ func (d *Daemon) control(c *net.UnixConn, raw []byte) error {
 			return fmt.Errorf("%w: flush request with %d payload bytes", shm.ErrMalformed, len(payload))
 		}
 		t0 := time.Now()
-		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		// Bound by Run's ctx too: Run waits for this goroutine before its
+		// own write-down, and a flush that ran on for its whole bound
+		// would put the stop past systemd's TimeoutStopSec.
+		fctx, cancel := context.WithTimeout(ctx, flushTimeout)
 		n, ferr := d.chain.Flush(fctx)
 		cancel()
 		d.log.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)

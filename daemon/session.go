@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -331,13 +332,23 @@ func (s *session) run() {
 // killed client's socket reads EOF, which stops the ring loop at once.
 func (s *session) readControl() {
 	defer s.stop()
+	// A flush asked for here ends with the session (a shutdown stops it).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stopCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	buf := make([]byte, 4096)
 	for {
 		raw, _, err := shm.RecvMsg(s.conn, buf, 0)
 		if err != nil {
 			return
 		}
-		if err := s.d.control(s.conn, raw); err != nil {
+		if err := s.d.control(ctx, s.conn, raw); err != nil {
 			s.log.Warn("bad control message; closing session", "reason", err)
 			s.badControl.Store(true) // before stop: run reads it after the loop ends
 			return

@@ -2,7 +2,8 @@
 // runs on embedded defaults; see -h for overrides and the optional TOML
 // config file.
 //
-// Signals: SIGTERM and SIGINT drain and stop (bounded; see daemon.Run);
+// Signals: SIGTERM and SIGINT drain and stop (bounded; see daemon.Run), or
+// cut a start-up short (nothing is served);
 // SIGHUP reads the configuration again (the -config file as it is now, the
 // same flags) and applies what can change live (see daemon.Reload).
 package main
@@ -25,6 +26,11 @@ func main() {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// SIGTERM and SIGINT likewise: one that comes during start-up (a
+	// reindex of a large NVMe tier may take minutes) cuts it short.
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(term)
 
 	cfg, err := daemon.LoadFromArgs(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -35,9 +41,21 @@ func main() {
 		os.Exit(2)
 	}
 	log := cfg.Log.NewLogger(os.Stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	d, err := daemon.New(cfg, log)
+	go func() {
+		select {
+		case sig := <-term:
+			stop() // before the line: whoever reads it may count on the stop
+			log.Info("stop requested", "signal", sig.String())
+		case <-ctx.Done():
+		}
+	}()
+	d, err := daemon.NewContext(ctx, cfg, log)
+	if err != nil && ctx.Err() != nil {
+		log.Info("kvtierd stopped during start-up", "err", err)
+		return
+	}
 	if err != nil {
 		log.Error("kvtierd failed to start", "err", err)
 		os.Exit(1)
