@@ -400,6 +400,23 @@ func printSimulation(w io.Writer, res *simResult) {
 
 // ---- live ----------------------------------------------------------------
 
+// hostHoldsBlocks is how many blocks of the given size the host tier h
+// keeps, as plan counts them: whole blocks per slab, each rounded up to
+// slotAlign, and with an NVMe tier below (HighWatermark set) no more block
+// bytes than its high watermark, above which it demotes.
+func hostHoldsBlocks(h *shm.TierStats, block uint64) int64 {
+	capa := max(h.CapacityBytes, 0)
+	stride := int64((block + slotAlign - 1) / slotAlign * slotAlign)
+	n := capa / stride
+	if slab := h.SlabBytes; slab > 0 {
+		n = capa / slab * (slab / stride)
+	}
+	if hw := h.HighWatermark; hw > 0 {
+		n = min(n, int64(hw*float64(capa))/int64(block))
+	}
+	return n
+}
+
 // replayHash is the daemon hash of trace block id under seed.
 func replayHash(seed uint64, id int64) client.Hash { return client.Hash{Hi: seed, Lo: uint64(id)} }
 
@@ -470,7 +487,7 @@ type replayResult struct {
 	Speed          float64 `json:"speed"`
 	Seconds        float64 `json:"seconds"`
 	Interrupted    bool    `json:"interrupted,omitempty"`
-	HostCapBlocks  int64   `json:"host_capacity_blocks"`
+	HostCapBlocks  int64   `json:"host_capacity_blocks"` // the most the host tier keeps at rest
 	Requests       int     `json:"requests"`
 	BlockRefs      uint64  `json:"block_refs"`
 	DistinctBlocks int     `json:"distinct_blocks"`
@@ -592,7 +609,7 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 		Seconds: elapsed.Seconds(), Interrupted: interrupted, Requests: int(done.Load()),
 	}
 	if h := hostTier(before); h != nil {
-		res.HostCapBlocks = h.CapacityBytes / int64((block+slotAlign-1)/slotAlign*slotAlign)
+		res.HostCapBlocks = hostHoldsBlocks(h, block)
 	}
 	// The requests completed: each session's leading share (sessions run
 	// their shares independently, so after an interrupt these are not the
