@@ -479,6 +479,11 @@ func (r *benchRun) work(ctx context.Context, w *worker) error {
 	return nil
 }
 
+// putgetHook, when set (tests only), is called by putget right before a
+// slot's old block is deleted (step "delete") and right after each put
+// (step "put", whose error it replaces).
+var putgetHook func(step string, err error) error
+
 // putget PUTs a fresh block and GETs it back. Each session cycles through
 // keys/sessions slots: the block written keysPerSession iterations ago is
 // deleted just before its slot is reused, so the live working set stays at
@@ -501,7 +506,11 @@ func (r *benchRun) putget(ctx context.Context, w *worker) error {
 	for i := 0; !r.stop.Load(); i++ {
 		if slot := i % k; used[slot] {
 			t0 := time.Now()
-			del[0], used[slot] = ring[slot], false
+			del[0] = ring[slot]
+			if putgetHook != nil {
+				putgetHook("delete", nil)
+			}
+			used[slot] = false
 			if _, err := w.s.DeleteBatch(ctx, del); err != nil {
 				return err
 			}
@@ -517,6 +526,9 @@ func (r *benchRun) putget(ctx context.Context, w *worker) error {
 		}
 		h := r.hash(w.id, i)
 		po, err := r.put(ctx, w, h)
+		if putgetHook != nil {
+			err = putgetHook("put", err)
+		}
 		if err != nil {
 			return err
 		}
