@@ -510,10 +510,12 @@ func (r *benchRun) putget(ctx context.Context, w *worker) error {
 			if putgetHook != nil {
 				putgetHook("delete", nil)
 			}
-			used[slot] = false
 			if _, err := w.s.DeleteBatch(ctx, del); err != nil {
+				// Still cached (an interrupt before the delete went
+				// out): the slot stays used, so cleanup deletes it.
 				return err
 			}
+			used[slot] = false
 			// Not part of the PUT+GET figure, but its time is inside the
 			// window, so show what it costs.
 			if !t0.Before(r.measureStart) {
@@ -530,6 +532,10 @@ func (r *benchRun) putget(ctx context.Context, w *worker) error {
 			err = putgetHook("put", err)
 		}
 		if err != nil {
+			// The daemon may have stored h though the answer never came
+			// (an interrupt while the commit was in flight): cleanup
+			// deletes it if so.
+			w.live = append(w.live, h)
 			return err
 		}
 		t1 := time.Now()
