@@ -642,6 +642,10 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	return err
 }
 
+// replayRequestHook, when set (tests only), is called after each request
+// (ri: its index in the trace) and replaces its error.
+var replayRequestHook func(ri int, err error) error
+
 // run replays the worker's share of the trace.
 func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed uint64, reqs []trace.Request, t0 time.Time, done *atomic.Int64) error {
 	ts0 := reqs[0].Timestamp
@@ -674,6 +678,9 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 		}
 		err := w.request(rctx, seed, r)
 		cancel()
+		if replayRequestHook != nil {
+			err = replayRequestHook(ri, err)
+		}
 		if err != nil {
 			// The figures cover completed requests: drop this one's.
 			w.replayCounts = counts
