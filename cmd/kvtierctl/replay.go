@@ -587,21 +587,29 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	var done atomic.Int64
 	stopBar := startReplayProgress(cmd, g, len(reqs), &done)
 	t0 := time.Now()
+	// A session that fails stops the others: the replay has failed, and
+	// they might run (or wait on the trace's clock) for hours.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
 	errs := make([]error, len(ws))
 	var wg sync.WaitGroup
 	for i, w := range ws {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = w.run(ctx, g, o, seed, reqs, t0, &done)
+			if errs[i] = w.run(runCtx, g, o, seed, reqs, t0, &done); errs[i] != nil {
+				stopRun(errs[i])
+			}
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(t0)
 	stopBar()
 	interrupted := ctx.Err() != nil
-	if err := errors.Join(errs...); err != nil && !interrupted {
-		return fmt.Errorf("replay: %w", err)
+	if !interrupted {
+		if err := context.Cause(runCtx); err != nil {
+			return fmt.Errorf("replay: %w", err) // the first failure, not the stops it caused
+		}
 	}
 
 	res := &replayResult{
