@@ -479,6 +479,11 @@ func (r *benchRun) work(ctx context.Context, w *worker) error {
 	return nil
 }
 
+// putgetHook, when set (tests only), is called by putget right before a
+// slot's old block is deleted (step "delete") and right after each put
+// (step "put", whose error it replaces).
+var putgetHook func(step string, err error) error
+
 // putget PUTs a fresh block and GETs it back. Each session cycles through
 // keys/sessions slots: the block written keysPerSession iterations ago is
 // deleted just before its slot is reused, so the live working set stays at
@@ -501,10 +506,16 @@ func (r *benchRun) putget(ctx context.Context, w *worker) error {
 	for i := 0; !r.stop.Load(); i++ {
 		if slot := i % k; used[slot] {
 			t0 := time.Now()
-			del[0], used[slot] = ring[slot], false
+			del[0] = ring[slot]
+			if putgetHook != nil {
+				putgetHook("delete", nil)
+			}
 			if _, err := w.s.DeleteBatch(ctx, del); err != nil {
+				// Still cached (an interrupt before the delete went
+				// out): the slot stays used, so cleanup deletes it.
 				return err
 			}
+			used[slot] = false
 			// Not part of the PUT+GET figure, but its time is inside the
 			// window, so show what it costs.
 			if !t0.Before(r.measureStart) {
@@ -517,7 +528,14 @@ func (r *benchRun) putget(ctx context.Context, w *worker) error {
 		}
 		h := r.hash(w.id, i)
 		po, err := r.put(ctx, w, h)
+		if putgetHook != nil {
+			err = putgetHook("put", err)
+		}
 		if err != nil {
+			// The daemon may have stored h though the answer never came
+			// (an interrupt while the commit was in flight): cleanup
+			// deletes it if so.
+			w.live = append(w.live, h)
 			return err
 		}
 		t1 := time.Now()

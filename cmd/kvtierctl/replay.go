@@ -400,6 +400,23 @@ func printSimulation(w io.Writer, res *simResult) {
 
 // ---- live ----------------------------------------------------------------
 
+// hostHoldsBlocks is how many blocks of the given size the host tier h
+// keeps, as plan counts them: whole blocks per slab, each rounded up to
+// slotAlign, and with an NVMe tier below (HighWatermark set) no more block
+// bytes than its high watermark, above which it demotes.
+func hostHoldsBlocks(h *shm.TierStats, block uint64) int64 {
+	capa := max(h.CapacityBytes, 0)
+	stride := int64((block + slotAlign - 1) / slotAlign * slotAlign)
+	n := capa / stride
+	if slab := h.SlabBytes; slab > 0 {
+		n = capa / slab * (slab / stride)
+	}
+	if hw := h.HighWatermark; hw > 0 {
+		n = min(n, int64(hw*float64(capa))/int64(block))
+	}
+	return n
+}
+
 // replayHash is the daemon hash of trace block id under seed.
 func replayHash(seed uint64, id int64) client.Hash { return client.Hash{Hi: seed, Lo: uint64(id)} }
 
@@ -470,7 +487,7 @@ type replayResult struct {
 	Speed          float64 `json:"speed"`
 	Seconds        float64 `json:"seconds"`
 	Interrupted    bool    `json:"interrupted,omitempty"`
-	HostCapBlocks  int64   `json:"host_capacity_blocks"`
+	HostCapBlocks  int64   `json:"host_capacity_blocks"` // the most the host tier keeps at rest
 	Requests       int     `json:"requests"`
 	BlockRefs      uint64  `json:"block_refs"`
 	DistinctBlocks int     `json:"distinct_blocks"`
@@ -570,21 +587,29 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	var done atomic.Int64
 	stopBar := startReplayProgress(cmd, g, len(reqs), &done)
 	t0 := time.Now()
+	// A session that fails stops the others: the replay has failed, and
+	// they might run (or wait on the trace's clock) for hours.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
 	errs := make([]error, len(ws))
 	var wg sync.WaitGroup
 	for i, w := range ws {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = w.run(ctx, g, o, seed, reqs, t0, &done)
+			if errs[i] = w.run(runCtx, g, o, seed, reqs, t0, &done); errs[i] != nil {
+				stopRun(errs[i])
+			}
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(t0)
 	stopBar()
 	interrupted := ctx.Err() != nil
-	if err := errors.Join(errs...); err != nil && !interrupted {
-		return fmt.Errorf("replay: %w", err)
+	if !interrupted {
+		if err := context.Cause(runCtx); err != nil {
+			return fmt.Errorf("replay: %w", err) // the first failure, not the stops it caused
+		}
 	}
 
 	res := &replayResult{
@@ -592,7 +617,7 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 		Seconds: elapsed.Seconds(), Interrupted: interrupted, Requests: int(done.Load()),
 	}
 	if h := hostTier(before); h != nil {
-		res.HostCapBlocks = h.CapacityBytes / int64((block+slotAlign-1)/slotAlign*slotAlign)
+		res.HostCapBlocks = hostHoldsBlocks(h, block)
 	}
 	// The requests completed: each session's leading share (sessions run
 	// their shares independently, so after an interrupt these are not the
@@ -624,6 +649,10 @@ func runLiveReplay(cmd *cobra.Command, g *globals, o replayOpts, path string, re
 	}
 	return err
 }
+
+// replayRequestHook, when set (tests only), is called after each request
+// (ri: its index in the trace) and replaces its error.
+var replayRequestHook func(ri int, err error) error
 
 // run replays the worker's share of the trace.
 func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed uint64, reqs []trace.Request, t0 time.Time, done *atomic.Int64) error {
@@ -657,6 +686,9 @@ func (w *replayWorker) run(ctx context.Context, g *globals, o replayOpts, seed u
 		}
 		err := w.request(rctx, seed, r)
 		cancel()
+		if replayRequestHook != nil {
+			err = replayRequestHook(ri, err)
+		}
 		if err != nil {
 			// The figures cover completed requests: drop this one's.
 			w.replayCounts = counts

@@ -69,7 +69,12 @@ func (e *LineError) Unwrap() error { return e.Err }
 // timestamp, lengths and ids must be non-negative, lengths at most
 // MaxTokens, hash_ids must be present
 // (it may be empty) and no id may repeat within a request (a chain cannot
-// contain its own prefix block twice). Unknown fields are ignored.
+// contain its own prefix block twice). The blocks may not outrun the
+// prompt: every block but the last must be full, so input_length exceeds
+// (len(hash_ids)-1)×BlockTokens (a prompt may have tokens past its last
+// block, as in traces that hash only full blocks). A line without
+// input_length has len(hash_ids)×BlockTokens prompt tokens. Unknown fields
+// are ignored.
 func DecodeLine(line []byte) (Request, error) {
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 {
@@ -77,7 +82,7 @@ func DecodeLine(line []byte) (Request, error) {
 	}
 	var raw struct {
 		Timestamp    *json.Number `json:"timestamp"`
-		InputLength  int          `json:"input_length"`
+		InputLength  *int         `json:"input_length"`
 		OutputLength int          `json:"output_length"`
 		HashIDs      *[]int64     `json:"hash_ids"`
 	}
@@ -108,16 +113,29 @@ func DecodeLine(line []byte) (Request, error) {
 	if ts < 0 {
 		return r, fmt.Errorf("negative timestamp %d", ts)
 	}
-	if raw.InputLength < 0 || raw.OutputLength < 0 {
-		return r, fmt.Errorf("negative length (input %d, output %d)", raw.InputLength, raw.OutputLength)
-	}
-	if int64(raw.InputLength) > MaxTokens || int64(raw.OutputLength) > MaxTokens {
-		return r, fmt.Errorf("input_length %d or output_length %d above %d tokens", raw.InputLength, raw.OutputLength, MaxTokens)
-	}
 	if raw.HashIDs == nil {
 		return r, errors.New(`missing "hash_ids"`)
 	}
 	ids := *raw.HashIDs
+	// Without input_length the blocks are the prompt: replay's prefix hit
+	// ratio (tokens served / prompt tokens) would otherwise be 0 of 0.
+	in := len(ids) * BlockTokens
+	if raw.InputLength != nil {
+		in = *raw.InputLength
+	}
+	if in < 0 || raw.OutputLength < 0 {
+		return r, fmt.Errorf("negative length (input %d, output %d)", in, raw.OutputLength)
+	}
+	if int64(in) > MaxTokens || int64(raw.OutputLength) > MaxTokens {
+		return r, fmt.Errorf("input_length %d or output_length %d above %d tokens", in, raw.OutputLength, MaxTokens)
+	}
+	// A block past the prompt's end holds no token: the prompt's served
+	// tokens (replay counts a hit block as 512, the last one as the rest)
+	// would count tokens the prompt does not have.
+	if len(ids) > 0 && in <= (len(ids)-1)*BlockTokens {
+		return r, fmt.Errorf("input_length %d tokens is too short for %d blocks of hash_ids (%d tokens each, only the last partial)",
+			in, len(ids), BlockTokens)
+	}
 	for i, id := range ids {
 		if id < 0 {
 			return r, fmt.Errorf("hash_ids[%d] = %d is negative", i, id)
@@ -132,7 +150,7 @@ func DecodeLine(line []byte) (Request, error) {
 			seen[id] = struct{}{}
 		}
 	}
-	r.Timestamp, r.InputLength, r.OutputLength, r.HashIDs = ts, raw.InputLength, raw.OutputLength, ids
+	r.Timestamp, r.InputLength, r.OutputLength, r.HashIDs = ts, in, raw.OutputLength, ids
 	return r, nil
 }
 
