@@ -396,6 +396,9 @@ func printSimulation(w io.Writer, res *simResult) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\ngap closed = (policy − LRU) / (Belady − LRU); simulated in %.2fs\n", res.Seconds)
+	// The daemon's policy picks what its host tier demotes to NVMe; a host
+	// tier with no NVMe tier below drops by its own LRU (tiers.ChainConfig).
+	fmt.Fprintln(w, "the daemon applies its policy (host.policy) to the host tier's demotions to NVMe; without an NVMe tier its host tier evicts LRU")
 }
 
 // ---- live ----------------------------------------------------------------
