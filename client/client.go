@@ -251,16 +251,29 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 			return nil, shm.Welcome{}, nil, err
 		}
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unixpacket", c.opts.Socket)
 	if err != nil {
+		if perr := parent.Err(); perr != nil {
+			return nil, shm.Welcome{}, nil, fmt.Errorf("%w: dial %s: %w", ErrDisconnected, c.opts.Socket, perr)
+		}
 		return nil, shm.Welcome{}, nil, fmt.Errorf("%w: dial %s: %v", ErrDisconnected, c.opts.Socket, err)
 	}
 	uc := nc.(*net.UnixConn)
+	// A deadline alone would not end the exchange when the caller cancels
+	// ctx: a daemon stopped mid-handshake (SIGSTOP) would hold the caller
+	// for DialTimeout. Cancellation sets a past deadline.
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
 	fail := func(err error) (*net.UnixConn, shm.Welcome, []int, error) {
+		stop()
 		uc.Close()
+		if perr := parent.Err(); perr != nil && errors.Is(err, ErrDisconnected) {
+			// The caller's context ended it, not the daemon.
+			err = fmt.Errorf("%w (%w)", err, perr)
+		}
 		return nil, shm.Welcome{}, nil, err
 	}
 	dl, _ := ctx.Deadline()
@@ -312,6 +325,11 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 	if err != nil {
 		closeFDs()
 		return fail(err)
+	}
+	if !stop() {
+		// Cancelled just now: its past deadline may land after any reset.
+		closeFDs()
+		return fail(fmt.Errorf("%w: handshake: %v", ErrDisconnected, context.Cause(ctx)))
 	}
 	uc.SetDeadline(time.Time{})
 	return uc, w, fds, nil
