@@ -353,13 +353,23 @@ func (c *Client) adminCall(ctx context.Context, t shm.MsgType, payload []byte, w
 	} else {
 		uc.SetDeadline(time.Now().Add(c.opts.DialTimeout))
 	}
+	// A deadline does not cover cancellation: without this a cancelled
+	// Flush waited for the daemon's answer (up to two minutes).
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	ioErr := func(err error) error {
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("%w: %v (%w)", ErrDisconnected, err, cerr)
+		}
+		return fmt.Errorf("%w: %v", ErrDisconnected, err)
+	}
 	if err := shm.SendMsg(uc, shm.EncodeMsg(t, c.opts.ProtocolVersion, payload)); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDisconnected, err)
+		return nil, ioErr(err)
 	}
 	buf := make([]byte, shm.MaxControlMsg)
 	raw, _, err := shm.RecvMsg(uc, buf, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDisconnected, err)
+		return nil, ioErr(err)
 	}
 	rt, _, p, err := shm.DecodeMsg(raw)
 	if err != nil {
