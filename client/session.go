@@ -165,6 +165,8 @@ type Reservation struct {
 }
 
 // Bytes is the slot to write the block into (the namespace's block size).
+// Write only before Commit or Abort: after them the slot is the daemon's
+// again (a published block, or another put's slot).
 func (r *Reservation) Bytes() []byte { return r.buf }
 
 // Commit publishes the block; Lookup and Acquire see it once Commit returns.
@@ -206,7 +208,10 @@ type Lease struct {
 	done     atomic.Bool
 }
 
-// Bytes is the block (read-only by contract: other readers share it).
+// Bytes is the block (read-only by contract: other readers share it). It is
+// valid until Release: after that the slot goes back to the daemon, and the
+// slice, still mapped, may read another block's bytes without any error.
+// Copy out what must outlive the lease.
 func (l *Lease) Bytes() []byte { return l.buf }
 
 // Release unpins the block. It does not wait for the daemon: the session's
