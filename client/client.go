@@ -251,16 +251,29 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 			return nil, shm.Welcome{}, nil, err
 		}
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unixpacket", c.opts.Socket)
 	if err != nil {
+		if perr := parent.Err(); perr != nil {
+			return nil, shm.Welcome{}, nil, fmt.Errorf("%w: dial %s: %w", ErrDisconnected, c.opts.Socket, perr)
+		}
 		return nil, shm.Welcome{}, nil, fmt.Errorf("%w: dial %s: %v", ErrDisconnected, c.opts.Socket, err)
 	}
 	uc := nc.(*net.UnixConn)
+	// A deadline alone would not end the exchange when the caller cancels
+	// ctx: a daemon stopped mid-handshake (SIGSTOP) would hold the caller
+	// for DialTimeout. Cancellation sets a past deadline.
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
 	fail := func(err error) (*net.UnixConn, shm.Welcome, []int, error) {
+		stop()
 		uc.Close()
+		if perr := parent.Err(); perr != nil && errors.Is(err, ErrDisconnected) {
+			// The caller's context ended it, not the daemon.
+			err = fmt.Errorf("%w (%w)", err, perr)
+		}
 		return nil, shm.Welcome{}, nil, err
 	}
 	dl, _ := ctx.Deadline()
@@ -313,6 +326,11 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 		closeFDs()
 		return fail(err)
 	}
+	if !stop() {
+		// Cancelled just now: its past deadline may land after any reset.
+		closeFDs()
+		return fail(fmt.Errorf("%w: handshake: %v", ErrDisconnected, context.Cause(ctx)))
+	}
 	uc.SetDeadline(time.Time{})
 	return uc, w, fds, nil
 }
@@ -335,13 +353,23 @@ func (c *Client) adminCall(ctx context.Context, t shm.MsgType, payload []byte, w
 	} else {
 		uc.SetDeadline(time.Now().Add(c.opts.DialTimeout))
 	}
+	// A deadline does not cover cancellation: without this a cancelled
+	// Flush waited for the daemon's answer (up to two minutes).
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	ioErr := func(err error) error {
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("%w: %v (%w)", ErrDisconnected, err, cerr)
+		}
+		return fmt.Errorf("%w: %v", ErrDisconnected, err)
+	}
 	if err := shm.SendMsg(uc, shm.EncodeMsg(t, c.opts.ProtocolVersion, payload)); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDisconnected, err)
+		return nil, ioErr(err)
 	}
 	buf := make([]byte, shm.MaxControlMsg)
 	raw, _, err := shm.RecvMsg(uc, buf, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDisconnected, err)
+		return nil, ioErr(err)
 	}
 	rt, _, p, err := shm.DecodeMsg(raw)
 	if err != nil {

@@ -672,7 +672,14 @@ func (cn *conn) submitLate(ctx context.Context, es []shm.SQE, out []shm.CQE, lat
 		calls[i] = c
 	}
 	cn.pmu.Unlock()
-	if n, err := cn.push(ctx, es); err != nil {
+	// A context that has already ended sends nothing: pushed, a Delete
+	// would delete (and a Commit commit) while the call reports the
+	// context's error.
+	n, err := 0, ctx.Err()
+	if err == nil {
+		n, err = cn.push(ctx, es)
+	}
+	if err != nil {
 		// Entries not pushed never reach the daemon: forget them. Those
 		// pushed are abandoned like calls whose caller gave up waiting.
 		// A commit or abort among them would leave its reservation held
@@ -687,7 +694,13 @@ func (cn *conn) submitLate(ctx context.Context, es []shm.SQE, out []shm.CQE, lat
 			}
 		}
 		cn.pmu.Unlock()
-		cn.pushAsync(undo)
+		if len(undo) > 0 {
+			// Queued like releases, ahead of the session's next entries:
+			// its next Put of the block must not find it still reserved
+			// ("exists": taken for stored).
+			cn.addOrphans(len(undo))
+			cn.pushLazy(undo)
+		}
 		return cn.abandon(es[:n], calls[:n], late), err
 	}
 	var firstErr error

@@ -41,6 +41,18 @@ type fakeDaemon struct {
 	// session's Welcome; ringVersion, if set, the version its ring header
 	// announces (a daemon of another version).
 	welcomeVersion, ringVersion atomic.Uint32
+	// stall, if set, leaves each session's Hello unanswered (a daemon
+	// stopped mid-handshake) and signals it there.
+	stall atomic.Pointer[chan struct{}]
+}
+
+// dropConns closes the daemon side of every connection so far.
+func (f *fakeDaemon) dropConns() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		c.Close()
+	}
 }
 
 func sealedMemfd(t *testing.T, name string, size int64) int {
@@ -120,6 +132,10 @@ func (f *fakeDaemon) accept() {
 					(*serve)(uc)
 				}()
 			}
+			continue
+		}
+		if ch := f.stall.Load(); ch != nil {
+			*ch <- struct{}{}
 			continue
 		}
 		afd := sealedMemfd(f.t, "fake-arena", f.arena)

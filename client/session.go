@@ -18,9 +18,15 @@ type Session struct {
 	c  *Client
 	ns Namespace
 
-	mu     sync.Mutex // guards cur and closed; held while reconnecting
+	mu     sync.Mutex // guards cur, closed and the reconnect in progress
 	cur    *conn
 	closed bool
+	// A reconnect in progress (one at a time): dialing is closed when it
+	// ends, dialCancel ends it early (Close). Not under mu: a stalled
+	// daemon must not hold the session's other callers past their
+	// contexts, nor Close.
+	dialing    chan struct{}
+	dialCancel context.CancelFunc
 	// devOps counts device ops whose copies may still run (device.go);
 	// Add only under mu while !closed.
 	devOps sync.WaitGroup
@@ -45,22 +51,57 @@ func (s *Session) NamespaceID() uint32 {
 // BlockBytes is the namespace's block size.
 func (s *Session) BlockBytes() int { return int(s.ns.BlockBytes) }
 
-// conn returns the live connection, reconnecting if the last one died.
+// conn returns the live connection, reconnecting if the last one died. A
+// caller that finds another reconnecting waits for it, bounded by its own
+// context.
 func (s *Session) conn(ctx context.Context) (*conn, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if s.cur != nil && !s.cur.isDead() {
+			cn := s.cur
+			s.mu.Unlock()
+			return cn, nil
+		}
+		if ch := s.dialing; ch != nil {
+			s.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		dctx, cancel := context.WithCancel(ctx)
+		s.dialing, s.dialCancel = ch, cancel
+		s.mu.Unlock()
+
+		cn, err := s.dial(dctx)
+		cancel()
+		s.mu.Lock()
+		s.dialing, s.dialCancel = nil, nil
+		closed := s.closed
+		if !closed && err == nil {
+			s.cur = cn
+		}
+		s.mu.Unlock()
+		if closed && cn != nil {
+			cn.kill(ErrClosed)
+			cn.wait()
+		}
+		close(ch) // after the kill: Close waits for it
+		switch {
+		case closed:
+			return nil, ErrClosed
+		case err != nil:
+			return nil, fmt.Errorf("reconnect: %w", err)
+		}
+		return cn, nil
 	}
-	if s.cur != nil && !s.cur.isDead() {
-		return s.cur, nil
-	}
-	cn, err := s.dial(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reconnect: %w", err)
-	}
-	s.cur = cn
-	return cn, nil
 }
 
 // Close ends the session. Open leases stay readable until released. Device
@@ -76,8 +117,15 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
+	dialing := s.dialing
+	if dialing != nil {
+		s.dialCancel() // its dialer kills what it got (closed is set)
+	}
 	s.mu.Unlock()
 	defer close(s.closeDone)
+	if dialing != nil {
+		<-dialing
+	}
 	s.devOps.Wait()
 	s.mu.Lock()
 	cn := s.cur
@@ -117,6 +165,8 @@ type Reservation struct {
 }
 
 // Bytes is the slot to write the block into (the namespace's block size).
+// Write only before Commit or Abort: after them the slot is the daemon's
+// again (a published block, or another put's slot).
 func (r *Reservation) Bytes() []byte { return r.buf }
 
 // Commit publishes the block; Lookup and Acquire see it once Commit returns.
@@ -158,7 +208,10 @@ type Lease struct {
 	done     atomic.Bool
 }
 
-// Bytes is the block (read-only by contract: other readers share it).
+// Bytes is the block (read-only by contract: other readers share it). It is
+// valid until Release: after that the slot goes back to the daemon, and the
+// slice, still mapped, may read another block's bytes without any error.
+// Copy out what must outlive the lease.
 func (l *Lease) Bytes() []byte { return l.buf }
 
 // Release unpins the block. It does not wait for the daemon: the session's
