@@ -23,16 +23,21 @@ import (
 // gone for good were never expired, and parked blocks are unevictable in
 // NVMe. A restart after a crash still gives the blocks a fresh TTL.
 //
-// The expiry crosses processes, so it is stored as wall-clock time; read
-// back it is turned into a remaining duration at once, clamped to
-// [0, ParkTTL]: a clock stepped back while the daemon was down cannot
+// The time between the stop and the start is known only from the wall
+// clock: the file holds the stop's wall-clock time and each block's
+// remaining TTL then (a duration: an expiry as a date would not fit
+// UnixNano for the longest park_ttl_s). Read back, the time since the stop
+// is taken off, and the result clamped to [0, what was left at the stop]
+// and to ParkTTL: a clock stepped back while the daemon was down cannot
 // lengthen a TTL, one stepped forward shortens it by the step at most.
 //
-// Format, little-endian: magic "KVPARK01", count u64, then count entries
-// of 32 bytes (namespace u32, reserved u32, hash hi u64, hash lo u64,
-// expiry unix nanoseconds i64), then XXH3-64 of everything before.
+// Format, little-endian: magic "KVPARK01", count u64, stop time unix
+// nanoseconds i64, then count entries of 32 bytes (namespace u32, reserved
+// u32, hash hi u64, hash lo u64, remaining nanoseconds i64), then XXH3-64
+// of everything before.
 const (
 	parkStateMagic    = "KVPARK01"
+	parkStateHdrLen   = 24
 	parkStateEntryLen = 32
 )
 
@@ -64,14 +69,15 @@ func (c *Chain) loadParkState() map[Key]time.Time {
 
 func decodeParkState(data []byte, now time.Time, ttl time.Duration) (map[Key]time.Time, error) {
 	le := binary.LittleEndian
-	if len(data) < len(parkStateMagic)+16 || string(data[:len(parkStateMagic)]) != parkStateMagic {
+	if len(data) < parkStateHdrLen+8 || string(data[:len(parkStateMagic)]) != parkStateMagic {
 		return nil, errors.New("not a parked expiry file")
 	}
 	if le.Uint64(data[len(data)-8:]) != xxh3.Hash(data[:len(data)-8]) {
 		return nil, errors.New("checksum mismatch")
 	}
 	n := le.Uint64(data[8:])
-	body := data[16 : len(data)-8]
+	since := now.Round(0).Sub(time.Unix(0, int64(le.Uint64(data[16:]))))
+	body := data[parkStateHdrLen : len(data)-8]
 	if uint64(len(body))%parkStateEntryLen != 0 || n != uint64(len(body))/parkStateEntryLen {
 		return nil, fmt.Errorf("%d entries claimed in %d bytes", n, len(body))
 	}
@@ -81,8 +87,14 @@ func decodeParkState(data []byte, now time.Time, ttl time.Duration) (map[Key]tim
 		if !k.Parked() || le.Uint32(p[4:]) != 0 {
 			return nil, fmt.Errorf("entry %v is not a parked block's", k)
 		}
-		left := time.Unix(0, int64(le.Uint64(p[24:]))).Sub(now)
-		prior[k] = now.Add(min(max(left, 0), ttl))
+		left := time.Duration(le.Uint64(p[24:]))
+		if left < 0 {
+			return nil, fmt.Errorf("entry %v: negative TTL left", k)
+		}
+		if since > 0 {
+			left = max(left-since, 0)
+		}
+		prior[k] = now.Add(min(left, ttl))
 	}
 	return prior, nil
 }
@@ -94,20 +106,20 @@ func (c *Chain) storeParkState() {
 		return
 	}
 	now := time.Now()
-	wall := now.Round(0) // the wall clock alone: what the next process can use
 	c.parkMu.Lock()
-	buf := make([]byte, 16, 16+len(c.parked)*parkStateEntryLen+8)
+	buf := make([]byte, parkStateHdrLen, parkStateHdrLen+len(c.parked)*parkStateEntryLen+8)
 	for k, exp := range c.parked {
 		buf = binary.LittleEndian.AppendUint32(buf, k.NS)
 		buf = binary.LittleEndian.AppendUint32(buf, 0)
 		buf = binary.LittleEndian.AppendUint64(buf, k.Hash.Hi)
 		buf = binary.LittleEndian.AppendUint64(buf, k.Hash.Lo)
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(wall.Add(exp.Sub(now)).UnixNano()))
+		buf = binary.LittleEndian.AppendUint64(buf, uint64(max(exp.Sub(now), 0)))
 	}
 	n := len(c.parked)
 	c.parkMu.Unlock()
 	copy(buf, parkStateMagic)
 	binary.LittleEndian.PutUint64(buf[8:], uint64(n))
+	binary.LittleEndian.PutUint64(buf[16:], uint64(now.UnixNano()))
 	buf = binary.LittleEndian.AppendUint64(buf, xxh3.Hash(buf))
 	if err := writeFileAtomic(p, buf); err != nil {
 		c.log.Warn("cannot store the parked requests' expiries; their blocks get a fresh TTL at the next start", "path", p, "err", err)
