@@ -210,6 +210,7 @@ func (d *Daemon) chainConfig() tiers.ChainConfig {
 	return tiers.ChainConfig{
 		HighWatermark: d.cfg.Host.HighWatermark, LowWatermark: d.cfg.Host.LowWatermark, Logger: d.log,
 		ParkTTL:       time.Duration(d.cfg.NVMe.ParkTTLSeconds) * time.Second,
+		ParkStatePath: filepath.Join(d.cfg.StateDir, parkStateFile),
 		Policy:        d.cfg.Host.Policy,
 		ObserveSwapIn: d.metrics.swapInHook(), ObserveSwapOut: d.metrics.swapOutHook(),
 	}
@@ -258,6 +259,10 @@ func openNVMe(ctx context.Context, cfg Config, epoch uint64, newEpoch bool, log 
 		"bytes", st.Bytes, "reindexed_in", time.Since(t0).Round(time.Millisecond))
 	return store, nil
 }
+
+// parkStateFile, in the state dir, holds the parked requests' expiries
+// from the last stop to the next start (tiers.ChainConfig.ParkStatePath).
+const parkStateFile = "parked.expiry"
 
 // nvmeEpochFile, in the state dir, holds the namespace registry epoch the
 // NVMe tier's blocks were written under.

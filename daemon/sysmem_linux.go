@@ -39,8 +39,38 @@ func readMemInfo() (memInfo, error) {
 // controller (a v1 or hybrid host, where systemd's MemoryLimit= and
 // container limits live there), mounted at root/memory. ok is false when
 // there is no limit.
+//
+// The usage counts the cgroup's page cache, which the kernel leaves in
+// place until the limit is reached: a cgroup that has read a model's
+// weights sits near its limit while most of it is reclaimable. Its
+// inactive file pages count as headroom, as MemAvailable counts the
+// machine's (the working set, as container runtimes measure it).
 func cgroupMemory(selfCgroup, root string) (limit, avail uint64, ok bool) {
-	return cgroupTightest(selfCgroup, root, "memory", "memory.max", "memory.current", "memory.limit_in_bytes", "memory.usage_in_bytes")
+	return cgroupTightestWith(selfCgroup, root, "memory", "memory.max", "memory.current", "memory.limit_in_bytes", "memory.usage_in_bytes",
+		func(dir string, v1 bool) uint64 {
+			field := "inactive_file"
+			if v1 {
+				field = "total_inactive_file" // v1's usage counts the children too
+			}
+			return cgroupStat(path.Join(dir, "memory.stat"), field)
+		})
+}
+
+// cgroupStat returns field's value in the "name value" lines of the stat
+// file p, 0 when it cannot be read.
+func cgroupStat(p, field string) uint64 {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		name, v, found := strings.Cut(strings.TrimSpace(line), " ")
+		if found && name == field {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // cgroupTightest returns the tightest limit, and the least headroom (limit
@@ -49,6 +79,14 @@ func cgroupMemory(selfCgroup, root string) (limit, avail uint64, ok bool) {
 // v1 controller mounted at root/controller. ok is false when there is no
 // limit.
 func cgroupTightest(selfCgroup, root, controller, limitV2, usageV2, limitV1, usageV1 string) (limit, avail uint64, ok bool) {
+	return cgroupTightestWith(selfCgroup, root, controller, limitV2, usageV2, limitV1, usageV1, nil)
+}
+
+// cgroupTightestWith is cgroupTightest with reclaimable, if set, the part
+// of a cgroup directory's usage that does not count against its headroom
+// (v1 tells which hierarchy the directory is in).
+func cgroupTightestWith(selfCgroup, root, controller, limitV2, usageV2, limitV1, usageV1 string,
+	reclaimable func(dir string, v1 bool) uint64) (limit, avail uint64, ok bool) {
 	f, err := os.Open(selfCgroup)
 	if err != nil {
 		return 0, 0, false
@@ -70,13 +108,16 @@ func cgroupTightest(selfCgroup, root, controller, limitV2, usageV2, limitV1, usa
 			v1 = parts[2]
 		}
 	}
-	walk := func(base, rel, limitFile, usageFile string) {
+	walk := func(base, rel, limitFile, usageFile string, v1 bool) {
 		if rel == "" {
 			return
 		}
 		for dir := path.Clean("/" + rel); ; dir = path.Dir(dir) {
 			if l, err := readCgroupUint(path.Join(base, dir, limitFile)); err == nil && l < cgroupV1Unlimited {
 				u, _ := readCgroupUint(path.Join(base, dir, usageFile))
+				if reclaimable != nil {
+					u -= min(reclaimable(path.Join(base, dir), v1), u)
+				}
 				a := l - min(u, l)
 				if !ok {
 					limit, avail, ok = l, a, true
@@ -88,8 +129,8 @@ func cgroupTightest(selfCgroup, root, controller, limitV2, usageV2, limitV1, usa
 			}
 		}
 	}
-	walk(root, v2, limitV2, usageV2)
-	walk(path.Join(root, controller), v1, limitV1, usageV1)
+	walk(root, v2, limitV2, usageV2, false)
+	walk(path.Join(root, controller), v1, limitV1, usageV1, true)
 	return limit, avail, ok
 }
 

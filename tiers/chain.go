@@ -31,6 +31,10 @@ type ChainConfig struct {
 	// ParkTTL bounds how long a parked request is kept without being
 	// resumed or released.
 	ParkTTL time.Duration
+	// ParkStatePath, if set, is where Wait stores the parked blocks'
+	// expiries and the next NewChain reads them (park_persist.go), so
+	// that a restart does not give them a fresh TTL.
+	ParkStatePath string
 	// Policy picks which host blocks the mover demotes (a tiers/policy
 	// name; default policy.Default). The host tier's own LRU eviction stays
 	// the backstop when the mover falls behind.
@@ -98,6 +102,10 @@ type Chain struct {
 	parkMu sync.Mutex
 	parked map[Key]time.Time
 	parkCh chan *Handle
+	// parkPrior (parkMu) holds the expiries a previous process stored,
+	// for the parked blocks it left (a warm restart's Park, Start's scan
+	// of NVMe); Start clears it.
+	parkPrior map[Key]time.Time
 	// parkRetry (parkMu) holds parked blocks whose write-through failed
 	// (disk budget full of parked blocks, a write error, too large for
 	// NVMe): still pinned in the host tier, so not dropped for space, and
@@ -286,6 +294,7 @@ func NewChain(host *Host, store *nvme.Store, cfg ChainConfig) (*Chain, error) {
 		promoteRun:    promoteRunBytes,
 	}
 	c.wm.Store(&watermarks{high: cfg.HighWatermark, low: cfg.LowWatermark, capRatio: 1, pressure: 1})
+	c.parkPrior = c.loadParkState()
 	host.SetOnRemove(func(k Key) {
 		c.note(polEvent{op: polRemove, k: pk(k)})
 		if k.Parked() && !c.inNVMe(k) {
@@ -527,15 +536,26 @@ func (c *Chain) handBackAll(pv polVictims, stay map[policy.Key]bool) {
 // Start runs the demoter and the promotion workers until ctx ends; Wait
 // returns when they have exited.
 func (c *Chain) Start(ctx context.Context) {
+	c.parkMu.Lock()
+	prior := c.parkPrior
+	c.parkPrior = nil // a block parked from now on is a new request's
+	c.parkMu.Unlock()
 	if c.NVMe == nil {
 		return
 	}
-	// Parked blocks that survived a restart in NVMe get a fresh TTL.
+	// Parked blocks that survived a restart in NVMe keep the expiry the
+	// previous process stored, else (after a crash) get a fresh TTL. A
+	// warm restart's Park recorded those still in the host tier already.
 	expiry := time.Now().Add(c.cfg.ParkTTL)
 	c.parkMu.Lock()
 	c.NVMe.Keys(func(k nvme.Key, _ int64) bool {
 		if key := (Key{NS: k.NS, Hash: k.Hash}); key.Parked() {
-			c.parked[key] = expiry
+			if _, ok := c.parked[key]; !ok {
+				c.parked[key] = expiry
+				if exp, ok := prior[key]; ok {
+					c.parked[key] = exp
+				}
+			}
 		}
 		return true
 	})
@@ -601,13 +621,14 @@ func (c *Chain) Wait() {
 	for _, p := range left { // queued, or given up by its handoff
 		c.finish(p, ErrPromote)
 	}
-	for {
+	for drained := false; !drained; {
 		select {
 		case <-c.promoCh: // finished above
 		default:
-			return
+			drained = true
 		}
 	}
+	c.storeParkState()
 }
 
 func nk(k Key) nvme.Key { return nvme.Key{NS: k.NS, Hash: k.Hash} }
@@ -1278,6 +1299,12 @@ func (c *Chain) Flush(ctx context.Context) (int, error) {
 func (c *Chain) Park(k Key) {
 	c.parkMu.Lock()
 	c.parked[k] = time.Now().Add(c.cfg.ParkTTL)
+	if exp, ok := c.parkPrior[k]; ok {
+		// Before Start: a warm restart re-parks the blocks the previous
+		// process left in the host arena, with the expiry it stored.
+		c.parked[k] = exp
+		delete(c.parkPrior, k)
+	}
 	c.parkMu.Unlock()
 	if c.NVMe == nil {
 		// Evicted since its commit (before it was recorded here, so its

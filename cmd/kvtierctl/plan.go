@@ -420,7 +420,7 @@ func computePlan(in planInput) (planResult, error) {
 			if high == 0 {
 				return blocks
 			}
-			return min(blocks, uint64(high*float64(t.capa))/r.BlockBytes)
+			return min(blocks, fracOf(high, t.capa)/r.BlockBytes)
 		}
 		blocks = underHigh(blocks)
 		if t.name == "host" {
@@ -451,6 +451,16 @@ func computePlan(in planInput) (planResult, error) {
 		r.Spills = r.FitsIn != r.Tiers[0].Name || remaining > 0
 	}
 	return r, nil
+}
+
+// fracOf returns floor(f × n) for a fraction f in (0, 1]. float64(n) of
+// an n near 2^64 rounds up to 2^64, which no uint64 holds: converted back,
+// a watermark of 1 halved a 16 EiB tier.
+func fracOf(f float64, n uint64) uint64 {
+	if v := f * float64(n); f < 1 && v < 1<<64 {
+		return min(uint64(v), n)
+	}
+	return n
 }
 
 func newPlanCmd(g *globals) *cobra.Command {

@@ -113,7 +113,8 @@
 // transaction as the new record) while the charged total would exceed the
 // logical limit:
 //
-//	limit = min(C − 3·F − C/64 − 4 MiB, 0.9·C) − penalty   (≥ C/4)
+//	base  = max(min(C − 3·F − C/64 − 4 MiB, 0.9·C), C/4)
+//	limit = max(base − penalty, C/8)
 //
 // where C is CapacityBytes and F the segment size. The reserve covers the
 // two segments lanes append to (never collected), one partly dead segment

@@ -1,0 +1,175 @@
+package tiers
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvtier/kvtier/shm"
+	"github.com/kvtier/kvtier/tiers/nvme"
+)
+
+// TestParkTTLSurvivesRestart: a parked block's TTL runs from its Park, not
+// from the last start. A restarted daemon used to give every parked block
+// it found (in NVMe, or in a warm restart's host arena) a fresh TTL, so a
+// daemon restarted more often than park_ttl_s (upgrades, a crash loop)
+// never expired the blocks of a client gone for good, and parked blocks
+// are unevictable in NVMe.
+func TestParkTTLSurvivesRestart(t *testing.T) {
+	const hour = time.Hour
+	const bs = 64 << 10
+	k := Key{NS: 3 | ParkedNS, Hash: shm.Hash{Hi: 77, Lo: 1}}
+	tests := []struct {
+		name string
+		ttl  time.Duration // park_ttl_s; an hour if 0
+		left time.Duration // of its TTL when the first daemon stops
+		host bool          // the block is in the host tier (a warm restart re-parks it) rather than NVMe
+		// want is the remaining TTL after the restart (clamped to
+		// [0, ttl]: a clock stepped back does not lengthen it).
+		want time.Duration
+	}{
+		{name: "in nvme", left: 2 * time.Minute, want: 2 * time.Minute},
+		{name: "in the host arena (warm restart)", left: 2 * time.Minute, host: true, want: 2 * time.Minute},
+		{name: "expired while down", left: -time.Minute, want: 0},
+		{name: "at most the TTL", left: 10 * time.Hour, want: hour},
+		// The longest park_ttl_s: an expiry as a date would be past
+		// what UnixNano holds.
+		{name: "290 years", ttl: 290 * 365 * 24 * time.Hour, left: 280 * 365 * 24 * time.Hour, want: 280 * 365 * 24 * time.Hour},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			state := filepath.Join(dir, "parked.expiry")
+			cfg := ChainConfig{ParkTTL: cmp.Or(tt.ttl, hour), ParkStatePath: state, Logger: discardLogger()}
+			open := func() (*Chain, *Host, *nvme.Store) {
+				h, err := NewHost(make([]byte, 4<<20), HostConfig{SlabBytes: 1 << 20})
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := nvme.Open(context.Background(), nvme.Options{
+					Dir: filepath.Join(dir, "nvme"), CapacityBytes: nvme.MinCapacity, Logger: discardLogger(),
+					Unevictable: func(k nvme.Key) bool { return k.NS&ParkedNS != 0 },
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := NewChain(h, st, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c, h, st
+			}
+
+			// The first daemon: k parked, in NVMe, with tt.left of its TTL.
+			c1, _, st1 := open()
+			block := make([]byte, bs)
+			fillFor(block, k)
+			if err := st1.Put(nk(k), block); err != nil {
+				t.Fatal(err)
+			}
+			c1.Park(k) // not in the host tier: recorded as held by NVMe
+			c1.parkMu.Lock()
+			c1.parked[k] = time.Now().Add(tt.left)
+			c1.parkMu.Unlock()
+			c1.Wait() // the stop: no need to have started
+			if err := st1.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			// The next one.
+			c, h, st := open()
+			defer st.Close()
+			if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("stored expiries left after they were read (err %v): a crash later would apply them again", err)
+			}
+			if tt.host {
+				// The block adopted from a kept arena, re-parked before Start.
+				if err := st.Delete(nk(k)); err != nil {
+					t.Fatal(err)
+				}
+				hd, err := c.Reserve(k, bs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fillFor(h.Bytes(hd), k)
+				if err := h.Commit(hd); err != nil {
+					t.Fatal(err)
+				}
+				c.Park(k)
+			}
+			read := make(chan struct{})
+			c.expireHook = func(Key) { <-read } // an expired block stays until it was seen
+			ctx, cancel := context.WithCancel(context.Background())
+			defer func() { cancel(); c.Wait() }()
+			now := time.Now()
+			c.Start(ctx)
+			c.parkMu.Lock()
+			exp, ok := c.parked[k]
+			c.parkMu.Unlock()
+			close(read)
+			if !ok {
+				t.Fatal("parked block not recorded after the restart")
+			}
+			// A bound, not a timing: the restart itself takes well under
+			// the minute of slack.
+			if got := exp.Sub(now); got > tt.want+time.Minute/2 || got < tt.want-time.Minute/2 {
+				t.Errorf("after the restart the parked block expires in %v, want %v (it had %v left)", got.Round(time.Second), tt.want, tt.left)
+			}
+		})
+	}
+}
+
+// TestParkStateCorruptIgnored: an unreadable expiry file gives the blocks a
+// fresh TTL (the old behavior) and is removed.
+func TestParkStateCorruptIgnored(t *testing.T) {
+	for _, data := range [][]byte{nil, []byte("KVPARK01garbage-garbage-garbage-garbage"), make([]byte, 64)} {
+		if _, err := decodeParkState(data, time.Now(), time.Hour); err == nil {
+			t.Errorf("decodeParkState(%q) accepted", data)
+		}
+	}
+}
+
+// TestParkStateClockSteps: the time between the stop and the start is
+// read from the wall clock; a step of it while the daemon was down must
+// not lengthen a TTL, and shortens it by the step at most.
+func TestParkStateClockSteps(t *testing.T) {
+	k := Key{NS: 1 | ParkedNS, Hash: shm.Hash{Hi: 1, Lo: 2}}
+	now := time.Now()
+	file := func(stop time.Time, left time.Duration) []byte {
+		le := binary.LittleEndian
+		b := []byte(parkStateMagic)
+		b = le.AppendUint64(b, 1)
+		b = le.AppendUint64(b, uint64(stop.UnixNano()))
+		b = le.AppendUint32(b, k.NS)
+		b = le.AppendUint32(b, 0)
+		b = le.AppendUint64(b, k.Hash.Hi)
+		b = le.AppendUint64(b, k.Hash.Lo)
+		b = le.AppendUint64(b, uint64(left))
+		return le.AppendUint64(b, xxh3.Hash(b))
+	}
+	for _, tc := range []struct {
+		name string
+		stop time.Time // as the wall clock now reads it
+		want time.Duration
+	}{
+		{"down 10 minutes", now.Add(-10 * time.Minute), 20 * time.Minute},
+		{"down longer than the TTL left", now.Add(-2 * time.Hour), 0},
+		{"clock stepped back past the stop", now.Add(3 * time.Hour), 30 * time.Minute},
+	} {
+		prior, err := decodeParkState(file(tc.stop, 30*time.Minute), now, time.Hour)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := prior[k].Sub(now); got != tc.want {
+			t.Errorf("%s: %v left, want %v", tc.name, got, tc.want)
+		}
+	}
+}
