@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -238,6 +239,45 @@ const (
 	hostAlign        = 4096     // daemon: the host tier's slot alignment
 )
 
+// hostKeepsBlocks is the most blocks of size block a host tier of capa
+// bytes in slabs of slab bytes (0: none, each block in its own stride)
+// keeps at rest: whole blocks per slab, each in a stride of block rounded
+// up to hostAlign, and with a high watermark high (0: none, the tier has
+// no NVMe tier below) no more than its mover leaves there. The mover
+// counts a slab's space, not block bytes (tiers.Host.Occupied): a slab
+// given to blocks of one size is occupied but for its free slots, its tail
+// past the last whole stride included; and a full tier is above any high
+// watermark (tiers/chain.go: above). Blocks are counted packed into as
+// few slabs as they fit.
+func hostKeepsBlocks(capa, slab, block uint64, high float64) uint64 {
+	up := func(a, b uint64) uint64 { return a/b + min(a%b, 1) }
+	stride := up(block, hostAlign) * hostAlign
+	if slab == 0 {
+		slab = stride
+	}
+	if stride == 0 || stride > slab {
+		return 0
+	}
+	per := slab / stride
+	all := capa / slab * per
+	if high == 0 {
+		return all
+	}
+	arena := capa / slab * slab
+	// The space k blocks occupy, packed: their slabs but for the free
+	// slots of the last.
+	occupied := func(k uint64) uint64 {
+		s := up(k, per)
+		return s*slab - (s*per-k)*stride
+	}
+	keeps := func(k uint64) bool {
+		o := occupied(k)
+		return float64(o) <= high*float64(capa) && o < arena
+	}
+	// occupied grows with k: the first k not kept, less one.
+	return uint64(sort.Search(int(all)+1, func(k int) bool { return !keeps(uint64(k)) })) - 1
+}
+
 // planTier is one tier of the split.
 type planTier struct {
 	Name          string `json:"name"`
@@ -416,13 +456,9 @@ func computePlan(in planInput) (planResult, error) {
 		case t.name == "host" && in.NVMeBytes > 0:
 			high = cmp.Or(in.HostHigh, defaultHostHigh)
 		}
-		underHigh := func(blocks uint64) uint64 {
-			if high == 0 {
-				return blocks
-			}
-			return min(blocks, uint64(high*float64(t.capa))/r.BlockBytes)
+		if high > 0 {
+			blocks = min(blocks, uint64(high*float64(t.capa))/r.BlockBytes)
 		}
-		blocks = underHigh(blocks)
 		if t.name == "host" {
 			slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
 			// A slab is a multiple of hostAlign: a block no larger
@@ -431,8 +467,7 @@ func computePlan(in planInput) (planResult, error) {
 				return planResult{}, fmt.Errorf("plan: a block of %s does not fit the host tier's slabs of %s (host.slab_bytes; --slab-bytes)",
 					humanize.IBytes(r.BlockBytes), humanize.IBytes(slab))
 			}
-			stride := ceilDiv(r.BlockBytes, hostAlign) * hostAlign
-			blocks = underHigh(t.capa / slab * (slab / stride))
+			blocks = hostKeepsBlocks(t.capa, slab, r.BlockBytes, high)
 		}
 		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds
