@@ -85,3 +85,51 @@ func TestHostHoldsBlocksAsTheMoverCounts(t *testing.T) {
 		t.Errorf("plan: the host tier holds %d blocks of 6 MiB, want 18", got)
 	}
 }
+
+// A GPU arena is the same slab allocator (tiers.NewSlots, in slabs of the
+// host tier's size by default) and its demoter counts slab space too; plan
+// counted block bytes: 1 GiB of 64 MiB slabs at 0.9 keeps 143 blocks of 6
+// MiB (144 occupy 924 MiB > 921.6), not 153 (nor, without the watermark,
+// 170: a slab holds 10).
+func TestPlanGPUHoldsBlocksAsTheDemoterCounts(t *testing.T) {
+	for _, c := range []struct {
+		tp   int
+		high float64
+		want uint64
+	}{{1, 0.9, 143}, {1, 1, 160}} {
+		r, err := computePlan(planInput{Model: preset(t, "llama-3-8b"), DType: "bf16", TP: c.tp, TokensPerBlock: 48,
+			Concurrency: 1, AvgContext: 48, GPUBytes: gib, GPUHigh: c.high})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.BlockBytes != 6<<20 || len(r.Tiers) != 1 || r.Tiers[0].Name != "gpu" {
+			t.Fatalf("plan: %+v", r)
+		}
+		if got := r.Tiers[0].BlocksFit; got != c.want {
+			t.Errorf("plan: %d GPUs of 1 GiB at %v hold %d blocks of 6 MiB, want %d", c.tp, c.high, got, c.want)
+		}
+		// The allocator agrees: 1 GiB in 64 MiB slabs, packed.
+		h, err := tiers.NewSlots(1<<30, tiers.HostConfig{SlabBytes: 64 << 20, NoEvict: true,
+			Move: func(dst, src, n int64) error { return nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := c.want / uint64(c.tp)
+		for i := range per + 1 {
+			hd, err := h.Reserve(tiers.Key{NS: 1, Hash: shm.Hash{Lo: i}}, 6<<20)
+			if errors.Is(err, tiers.ErrFull) && i == per {
+				break // full at 1
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Commit(hd); err != nil {
+				t.Fatal(err)
+			}
+			used, capa := h.Occupied()
+			if over := float64(used) > c.high*float64(capa); over != (i == per) {
+				t.Errorf("%d blocks occupy %d of %d bytes: above %v = %v", i+1, used, capa, c.high, over)
+			}
+		}
+	}
+}

@@ -408,7 +408,7 @@ func printSimulation(w io.Writer, res *simResult) {
 // with an NVMe tier below (HighWatermark set) no more than its mover
 // leaves under its high watermark, which counts slab space.
 func hostHoldsBlocks(h *shm.TierStats, block uint64) int64 {
-	return int64(hostKeepsBlocks(uint64(max(h.CapacityBytes, 0)), uint64(max(h.SlabBytes, 0)), block, h.HighWatermark))
+	return int64(hostKeepsBlocks(uint64(max(h.CapacityBytes, 0)), uint64(max(h.SlabBytes, 0)), block, h.HighWatermark, true))
 }
 
 // replayHash is the daemon hash of trace block id under seed.
