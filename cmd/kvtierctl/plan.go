@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -238,6 +239,46 @@ const (
 	hostAlign        = 4096     // daemon: the host tier's slot alignment
 )
 
+// hostKeepsBlocks is the most blocks of size block a slab allocator (the
+// host tier's, or a GPU arena's) of capa bytes in slabs of slab bytes (0:
+// none, each block in its own stride) keeps at rest: whole blocks per slab,
+// each in a stride of block rounded up to hostAlign, and with a high
+// watermark high (0: none; the host tier has one only above an NVMe tier)
+// no more than its demoter leaves there. The demoters count a slab's
+// space, not block bytes (tiers.Host.Occupied): a slab given to blocks of
+// one size is occupied but for its free slots, its tail past the last
+// whole stride included. fullIsAbove: a full tier is above any high
+// watermark (the host mover's, tiers/chain.go: above; not the GPU's).
+// Blocks are counted packed into as few slabs as they fit.
+func hostKeepsBlocks(capa, slab, block uint64, high float64, fullIsAbove bool) uint64 {
+	up := func(a, b uint64) uint64 { return a/b + min(a%b, 1) }
+	stride := up(block, hostAlign) * hostAlign
+	if slab == 0 {
+		slab = stride
+	}
+	if stride == 0 || stride > slab {
+		return 0
+	}
+	per := slab / stride
+	all := capa / slab * per
+	if high == 0 {
+		return all
+	}
+	arena := capa / slab * slab
+	// The space k blocks occupy, packed: their slabs but for the free
+	// slots of the last.
+	occupied := func(k uint64) uint64 {
+		s := up(k, per)
+		return s*slab - (s*per-k)*stride
+	}
+	keeps := func(k uint64) bool {
+		o := occupied(k)
+		return float64(o) <= high*float64(capa) && (o < arena || !fullIsAbove)
+	}
+	// occupied grows with k: the first k not kept, less one.
+	return uint64(sort.Search(int(all)+1, func(k int) bool { return !keeps(uint64(k)) })) - 1
+}
+
 // planTier is one tier of the split.
 type planTier struct {
 	Name          string `json:"name"`
@@ -416,13 +457,11 @@ func computePlan(in planInput) (planResult, error) {
 		case t.name == "host" && in.NVMeBytes > 0:
 			high = cmp.Or(in.HostHigh, defaultHostHigh)
 		}
-		underHigh := func(blocks uint64) uint64 {
-			if high == 0 {
-				return blocks
-			}
-			return min(blocks, fracOf(high, t.capa)/r.BlockBytes)
+		if t.name == "gpu" {
+			// Each GPU's arena is a slab allocator too, its slabs the
+			// host tier's size unless gpu.slab_bytes is set.
+			blocks = tp * hostKeepsBlocks(in.GPUBytes, cmp.Or(in.SlabBytes, defaultSlabBytes), r.BlockBytes, high, false)
 		}
-		blocks = underHigh(blocks)
 		if t.name == "host" {
 			slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
 			// A slab is a multiple of hostAlign: a block no larger
@@ -431,8 +470,7 @@ func computePlan(in planInput) (planResult, error) {
 				return planResult{}, fmt.Errorf("plan: a block of %s does not fit the host tier's slabs of %s (host.slab_bytes; --slab-bytes)",
 					humanize.IBytes(r.BlockBytes), humanize.IBytes(slab))
 			}
-			stride := ceilDiv(r.BlockBytes, hostAlign) * hostAlign
-			blocks = underHigh(t.capa / slab * (slab / stride))
+			blocks = hostKeepsBlocks(t.capa, slab, r.BlockBytes, high, true)
 		}
 		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds
@@ -451,16 +489,6 @@ func computePlan(in planInput) (planResult, error) {
 		r.Spills = r.FitsIn != r.Tiers[0].Name || remaining > 0
 	}
 	return r, nil
-}
-
-// fracOf returns floor(f × n) for a fraction f in (0, 1]. float64(n) of
-// an n near 2^64 rounds up to 2^64, which no uint64 holds: converted back,
-// a watermark of 1 halved a 16 EiB tier.
-func fracOf(f float64, n uint64) uint64 {
-	if v := f * float64(n); f < 1 && v < 1<<64 {
-		return min(uint64(v), n)
-	}
-	return n
 }
 
 func newPlanCmd(g *globals) *cobra.Command {
@@ -590,7 +618,7 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 	f.Var(&gpu, "gpu-bytes", "KV cache `size` per GPU, e.g. 40GiB")
 	f.Var(&host, "host-bytes", "host tier `size`, e.g. 256GiB")
 	f.Var(&nvme, "nvme-bytes", "NVMe tier `size`, e.g. 2TiB")
-	f.Var(&slab, "slab-bytes", "the daemon's host.slab_bytes (with --socket: the daemon's): the host tier holds whole blocks, each rounded up to 4KiB, per slab of this `size`")
+	f.Var(&slab, "slab-bytes", "the daemon's host.slab_bytes (with --socket: the daemon's): the host tier (and each GPU arena, unless gpu.slab_bytes is set) holds whole blocks, each rounded up to 4KiB, per slab of this `size`")
 	f.Float64Var(&in.HostHigh, "host-high-watermark", defaultHostHigh, "the daemon's host.high_watermark (with --socket: the daemon's): with an NVMe tier, the host tier keeps at most this share of its size")
 	f.Float64Var(&in.GPUHigh, "gpu-high-watermark", defaultGPUHigh, "the daemon's gpu.high_watermark: a GPU arena keeps at most this share of its size")
 	f.BoolVar(&live, "live", false, "take host and NVMe tier sizes from the daemon at --socket (implied by --socket)")

@@ -9,7 +9,8 @@ import (
 // watermark was computed as uint64(high × float64(capacity)); for a
 // capacity near 2^64 the product rounds up to 2^64, which converts to
 // 2^63 on amd64: with a watermark of 1, a 16 EiB host or GPU tier was
-// planned at half its blocks.
+// planned at half its blocks. (Both tiers are slab allocators, and a full
+// host tier is above any watermark: see hostKeepsBlocks.)
 func TestPlanHighWatermarkHugeTier(t *testing.T) {
 	const block = 2 * mib
 	// Whole 64 MiB slabs of 32 blocks each: (2^38 - 1) × 32.
@@ -20,8 +21,8 @@ func TestPlanHighWatermarkHugeTier(t *testing.T) {
 		tier      string
 		want      uint64
 	}{
-		{"host above nvme, watermark 1", 0, math.MaxUint64, "host", hostBlocks},
-		{"gpu, watermark 1", math.MaxUint64, 0, "gpu", math.MaxUint64 / block},
+		{"host above nvme, watermark 1", 0, math.MaxUint64, "host", hostBlocks - 1},
+		{"gpu, watermark 1", math.MaxUint64, 0, "gpu", hostBlocks},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -604,7 +604,9 @@ func TestPlanHighWatermarks(t *testing.T) {
 		// floor(0.95 GiB) / 2 MiB = 486.4
 		{"host above nvme: default 0.95", 0, gib, 64 * gib, 0, 0, 0, 486},
 		{"host above nvme: 0.5", 0, gib, 64 * gib, 0.5, 0, 0, 256},
-		{"host above nvme: 1", 0, gib, 64 * gib, 1, 0, 0, 512},
+		// A full tier is above any high watermark (tiers/chain.go: above):
+		// the mover demotes it, so at 1 it keeps one block less.
+		{"host above nvme: 1", 0, gib, 64 * gib, 1, 0, 0, 511},
 		// floor(0.9 GiB) / 2 MiB = 460.8
 		{"gpu: default 0.9", gib, gib, 0, 0, 0, 460, 512},
 		{"gpu: 0.25", gib, 0, 0, 0, 0.25, 128, 0},
@@ -656,7 +658,7 @@ func TestPlanHighWatermarks(t *testing.T) {
 	}{
 		{nil, 16}, // no NVMe tier in the plan: the host tier fills
 		{[]string{"--nvme-bytes", "1GiB"}, 8},
-		{[]string{"--nvme-bytes", "1GiB", "--host-high-watermark", "1"}, 16},
+		{[]string{"--nvme-bytes", "1GiB", "--host-high-watermark", "1"}, 15}, // full is above
 	} {
 		r := planJSON(t, append(base, tc.flags...)...)
 		if len(r.Tiers) == 0 || r.Tiers[0].Name != "host" || r.Tiers[0].BlocksFit != tc.blocks {

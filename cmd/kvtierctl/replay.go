@@ -404,20 +404,11 @@ func printSimulation(w io.Writer, res *simResult) {
 // ---- live ----------------------------------------------------------------
 
 // hostHoldsBlocks is how many blocks of the given size the host tier h
-// keeps, as plan counts them: whole blocks per slab, each rounded up to
-// slotAlign, and with an NVMe tier below (HighWatermark set) no more block
-// bytes than its high watermark, above which it demotes.
+// keeps, as plan counts them (hostKeepsBlocks): whole blocks per slab, and
+// with an NVMe tier below (HighWatermark set) no more than its mover
+// leaves under its high watermark, which counts slab space.
 func hostHoldsBlocks(h *shm.TierStats, block uint64) int64 {
-	capa := max(h.CapacityBytes, 0)
-	stride := int64((block + slotAlign - 1) / slotAlign * slotAlign)
-	n := capa / stride
-	if slab := h.SlabBytes; slab > 0 {
-		n = capa / slab * (slab / stride)
-	}
-	if hw := h.HighWatermark; hw > 0 {
-		n = min(n, int64(hw*float64(capa))/int64(block))
-	}
-	return n
+	return int64(hostKeepsBlocks(uint64(max(h.CapacityBytes, 0)), uint64(max(h.SlabBytes, 0)), block, h.HighWatermark, true))
 }
 
 // replayHash is the daemon hash of trace block id under seed.
