@@ -85,7 +85,9 @@ func (g *globals) dial(ctx context.Context) (*client.Client, error) {
 			return nil, fmt.Errorf("kvtierd at %s refused kvtierctl: %s", g.socket, ref.Message)
 		}
 		if errors.Is(err, shm.ErrSocketDirUnsafe) {
-			return nil, err // says what is wrong and what to do
+			// The client's advice names its Options; kvtierctl's are flags.
+			// The default path is checked however it is named.
+			return nil, fmt.Errorf("%w; for kvtierctl: $KVTIER_SOCKET, or --socket naming a path other than the default %s", err, g.socket)
 		}
 		return nil, fmt.Errorf("cannot reach kvtierd at %s (is it running? see --socket or $KVTIER_SOCKET): %w", g.socket, err)
 	}

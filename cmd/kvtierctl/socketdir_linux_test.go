@@ -101,7 +101,7 @@ func TestDefaultSocketOfAnotherUserRefused(t *testing.T) {
 			if connected.Load() != tt.wantConnect {
 				t.Fatalf("kvtierctl connected to %s: %v, want %v (status: %v)", sock, connected.Load(), tt.wantConnect, r.err)
 			}
-			if !tt.wantConnect && !strings.Contains(r.err.Error(), "refusing to connect") {
+			if !tt.wantConnect && (!strings.Contains(r.err.Error(), "refusing to connect") || !strings.Contains(r.err.Error(), "for kvtierctl: $KVTIER_SOCKET")) {
 				t.Errorf("status error %q does not say it refused the directory", r.err)
 			}
 		})
