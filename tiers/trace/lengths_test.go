@@ -38,6 +38,13 @@ func TestDecodeLineLengthsAgree(t *testing.T) {
 			t.Errorf("%s: input_length %d, want %d", c.line, r.InputLength, c.input)
 		}
 	}
+	// More blocks than MaxTokens, without input_length: the error names
+	// hash_ids, not an input_length the line does not have.
+	n := MaxTokens/BlockTokens + 2
+	long := `{"timestamp": 0, "hash_ids": [` + strings.Repeat("0,", int(n-1)) + `0]}`
+	if _, err := DecodeLine([]byte(long)); err == nil || !strings.Contains(err.Error(), "hash_ids") || strings.Contains(err.Error(), "input_length") {
+		t.Errorf("%d hash_ids without input_length: %v; want an error about hash_ids", n, err)
+	}
 	// The Reader names the line.
 	_, err := ReadAll(strings.NewReader("{\"timestamp\": 0, \"input_length\": 512, \"hash_ids\": [1]}\r\n" +
 		"{\"timestamp\": 1, \"input_length\": 100, \"hash_ids\": [1, 2, 3]}\r\n"))

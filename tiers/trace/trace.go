@@ -117,6 +117,9 @@ func DecodeLine(line []byte) (Request, error) {
 		return r, errors.New(`missing "hash_ids"`)
 	}
 	ids := *raw.HashIDs
+	if int64(len(ids)) > MaxTokens/BlockTokens+1 {
+		return r, fmt.Errorf("%d hash_ids: more blocks than %d tokens", len(ids), MaxTokens)
+	}
 	// Without input_length the blocks are the prompt: replay's prefix hit
 	// ratio (tokens served / prompt tokens) would otherwise be 0 of 0.
 	in := len(ids) * BlockTokens
