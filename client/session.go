@@ -481,7 +481,9 @@ func (s *Session) PutBatch(ctx context.Context, hashes []Hash, blocks [][]byte) 
 }
 
 // Put copies one block into the cache. stored is false when it was already
-// cached.
+// cached or is being written by another put (of another session, or an
+// earlier call of this session that its context abandoned). That write may
+// still be aborted: false is not a promise that a later Get hits.
 func (s *Session) Put(ctx context.Context, h Hash, block []byte) (stored bool, err error) {
 	n, err := s.PutBatch(ctx, []Hash{h}, [][]byte{block})
 	return n == 1, err
