@@ -272,11 +272,20 @@ func (cn *conn) reader() {
 // reaper serves callers that gave up spinning: it sleeps on the
 // completion doorbell and dispatches. It exits when the connection dies and
 // releases the connection's own reference on the mappings.
+// testReaperExit, set only by tests, runs as a reaper exits, before it
+// drops the connection's reference.
+var testReaperExit func()
+
 func (cn *conn) reaper() {
 	defer func() {
 		<-cn.readerDone
-		close(cn.reaperDone)
+		if testReaperExit != nil {
+			testReaperExit()
+		}
+		// Unmapped (unless a reservation or lease still holds the
+		// mappings) before wait, hence Session.Close, returns.
 		cn.unref()
+		close(cn.reaperDone)
 	}()
 	for {
 		if cn.sleepers.Load() == 0 && cn.abandoned.Load() <= 0 && cn.orphans.Load() <= cn.orphanLimit {

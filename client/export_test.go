@@ -18,3 +18,11 @@ func DispatchThenKill(s *Session) {
 	cn.kill(ErrDisconnected)
 	<-cn.reaperDone
 }
+
+// SetReaperExitHook makes every reaper run f as it exits, before it drops
+// its connection's reference; the returned func restores the default.
+// Set it before the connections it is meant for start.
+func SetReaperExitHook(f func()) (restore func()) {
+	testReaperExit = f
+	return func() { testReaperExit = nil }
+}
