@@ -128,15 +128,6 @@ type Density struct {
 	evictions int
 	noWarm    bool // experiments: the tables decide from the first eviction
 
-	// recency, when set (the duel experiment, duel_test.go), makes eviction
-	// follow recency as during the warm-up: orphans first, then the least
-	// recently used leaf.
-	recency bool
-	// held, when set (the duel experiment), says whether the leading shadow
-	// holds a key; leaves it does not hold are evicted first, so that the
-	// cache's content follows the leader's.
-	held func(Key) bool
-
 	sized       bool // a Victim has been asked for: the tier was full (calibrate)
 	noCalibrate bool // experiments: keep NewDensity's capacity (calibrate)
 }
@@ -508,9 +499,8 @@ func (p *Density) Admit(k Key, a AccessInfo) bool {
 }
 
 func (p *Density) pick() *dEntry {
-	var best, out *dEntry
+	var best *dEntry
 	bp, ba := 0.0, uint64(0)
-	fp, fa := 0.0, uint64(0)
 	for i := range min(dSample, p.leaves.len()) {
 		e := p.leaves.sample(i, dSample, p.rng)
 		if e.pins > 0 {
@@ -521,28 +511,12 @@ func (p *Density) pick() *dEntry {
 		if best == nil || pr < bp || (pr == bp && age > ba) {
 			best, bp, ba = e, pr, age
 		}
-		if p.held != nil && !p.held(e.key) {
-			if out == nil || (p.recency && age > fa) || (!p.recency && (pr < fp || (pr == fp && age > fa))) {
-				out, fp, fa = e, pr, age
-			}
-		}
 	}
 	if best == nil || bp < 0 {
 		return best
 	}
-	if p.held != nil && p.evictions >= p.capacity {
-		if p.recency && p.byAge.Len() > 0 && p.byAge[0].pins == 0 && !p.held(p.byAge[0].key) {
-			return p.byAge[0]
-		}
-		if out != nil {
-			return out
-		}
-	}
-	warm := p.evictions < p.capacity && !p.noWarm
-	if warm {
+	if p.evictions < p.capacity && !p.noWarm {
 		p.evictions++
-	}
-	if warm || p.recency {
 		if p.byAge.Len() > 0 && p.byAge[0].pins == 0 {
 			return p.byAge[0]
 		}
