@@ -263,10 +263,9 @@ func (c *Client) handshake(ctx context.Context, h shm.Hello, wantFDs int) (*net.
 		return nil, shm.Welcome{}, nil, fmt.Errorf("%w: dial %s: %v", ErrDisconnected, c.opts.Socket, err)
 	}
 	uc := nc.(*net.UnixConn)
-	// A deadline alone would not end the exchange when the caller cancels
-	// ctx: a daemon stopped mid-handshake (SIGSTOP) would hold the caller
-	// for DialTimeout. Cancellation sets a past deadline.
-	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
+	// A daemon stopped mid-handshake (SIGSTOP) would otherwise hold the
+	// caller for DialTimeout after it cancelled.
+	stop := endOnCancel(ctx, uc)
 	fail := func(err error) (*net.UnixConn, shm.Welcome, []int, error) {
 		stop()
 		uc.Close()
@@ -340,6 +339,13 @@ func (c *Client) dialAdmin(ctx context.Context) (*net.UnixConn, error) {
 	return uc, err
 }
 
+// endOnCancel ends uc's pending and later I/O when ctx is cancelled (a
+// deadline covers only ctx's deadline) by setting a past deadline; stop as
+// context.AfterFunc's.
+func endOnCancel(ctx context.Context, uc *net.UnixConn) (stop func() bool) {
+	return context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
+}
+
 // adminCall sends one control request on a fresh admin connection and
 // returns the reply's payload.
 func (c *Client) adminCall(ctx context.Context, t shm.MsgType, payload []byte, want shm.MsgType) ([]byte, error) {
@@ -353,9 +359,9 @@ func (c *Client) adminCall(ctx context.Context, t shm.MsgType, payload []byte, w
 	} else {
 		uc.SetDeadline(time.Now().Add(c.opts.DialTimeout))
 	}
-	// A deadline does not cover cancellation: without this a cancelled
-	// Flush waited for the daemon's answer (up to two minutes).
-	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
+	// Without it a cancelled Flush waited for the daemon's answer (up to
+	// two minutes).
+	stop := endOnCancel(ctx, uc)
 	defer stop()
 	ioErr := func(err error) error {
 		if cerr := ctx.Err(); cerr != nil {

@@ -269,13 +269,13 @@ func (cn *conn) reader() {
 	cn.kill(fmt.Errorf("%w: %v", ErrDisconnected, err))
 }
 
-// reaper serves callers that gave up spinning: it sleeps on the
-// completion doorbell and dispatches. It exits when the connection dies and
-// releases the connection's own reference on the mappings.
 // testReaperExit, set only by tests, runs as a reaper exits, before it
 // drops the connection's reference.
 var testReaperExit func()
 
+// reaper serves callers that gave up spinning: it sleeps on the
+// completion doorbell and dispatches. It exits when the connection dies and
+// releases the connection's own reference on the mappings.
 func (cn *conn) reaper() {
 	defer func() {
 		<-cn.readerDone

@@ -825,9 +825,10 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 	}
 }
 
-// control answers one out-of-band request. ctx is Run's: a stop cuts a
-// flush in progress (the stop's own write-down, with nvme.flush_on_stop,
-// carries on where it left off, within its own bound).
+// control answers one out-of-band request. ctx ends with the connection's
+// server (Run, for an admin connection; the session, for one on a session's
+// socket): a stop cuts a flush in progress, and the stop's own write-down
+// (nvme.flush_on_stop) carries on where it left off, within its own bound.
 func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error {
 	t, _, payload, err := shm.DecodeMsg(raw)
 	if err != nil {
@@ -864,9 +865,9 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 			return fmt.Errorf("%w: flush request with %d payload bytes", shm.ErrMalformed, len(payload))
 		}
 		t0 := time.Now()
-		// Bound by Run's ctx too: Run waits for this goroutine before its
-		// own write-down, and a flush that ran on for its whole bound
-		// would put the stop past systemd's TimeoutStopSec.
+		// Bound by ctx too: Run waits for this goroutine before its own
+		// write-down, and a flush that ran on for its whole bound would
+		// put the stop past systemd's TimeoutStopSec.
 		fctx, cancel := context.WithTimeout(ctx, flushTimeout)
 		n, ferr := d.chain.Flush(fctx)
 		cancel()

@@ -239,7 +239,7 @@ const (
 	hostAlign        = 4096     // daemon: the host tier's slot alignment
 )
 
-// hostKeepsBlocks is the most blocks of size block a slab allocator (the
+// slabKeepsBlocks is the most blocks of size block a slab allocator (the
 // host tier's, or a GPU arena's) of capa bytes in slabs of slab bytes (0:
 // none, each block in its own stride) keeps at rest: whole blocks per slab,
 // each in a stride of block rounded up to hostAlign, and with a high
@@ -250,7 +250,7 @@ const (
 // whole stride included. fullIsAbove: a full tier is above any high
 // watermark (the host mover's, tiers/chain.go: above; not the GPU's).
 // Blocks are counted packed into as few slabs as they fit.
-func hostKeepsBlocks(capa, slab, block uint64, high float64, fullIsAbove bool) uint64 {
+func slabKeepsBlocks(capa, slab, block uint64, high float64, fullIsAbove bool) uint64 {
 	up := func(a, b uint64) uint64 { return a/b + min(a%b, 1) }
 	stride := up(block, hostAlign) * hostAlign
 	if slab == 0 {
@@ -448,8 +448,8 @@ func computePlan(in planInput) (planResult, error) {
 			}
 		}
 		blocks := usable / charge
-		// Where the tier demotes, what it keeps (block bytes, as its mover
-		// counts them) stays under the high watermark.
+		// Where the tier demotes, what it keeps stays under its high
+		// watermark (slabKeepsBlocks counts it as the demoter does).
 		var high float64
 		switch {
 		case t.name == "gpu":
@@ -460,7 +460,7 @@ func computePlan(in planInput) (planResult, error) {
 		if t.name == "gpu" {
 			// Each GPU's arena is a slab allocator too, its slabs the
 			// host tier's size unless gpu.slab_bytes is set.
-			blocks = tp * hostKeepsBlocks(in.GPUBytes, cmp.Or(in.SlabBytes, defaultSlabBytes), r.BlockBytes, high, false)
+			blocks = tp * slabKeepsBlocks(in.GPUBytes, cmp.Or(in.SlabBytes, defaultSlabBytes), r.BlockBytes, high, false)
 		}
 		if t.name == "host" {
 			slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
@@ -470,7 +470,7 @@ func computePlan(in planInput) (planResult, error) {
 				return planResult{}, fmt.Errorf("plan: a block of %s does not fit the host tier's slabs of %s (host.slab_bytes; --slab-bytes)",
 					humanize.IBytes(r.BlockBytes), humanize.IBytes(slab))
 			}
-			blocks = hostKeepsBlocks(t.capa, slab, r.BlockBytes, high, true)
+			blocks = slabKeepsBlocks(t.capa, slab, r.BlockBytes, high, true)
 		}
 		holds := min(remaining, blocks*r.BlockBytes)
 		remaining -= holds

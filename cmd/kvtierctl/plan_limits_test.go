@@ -10,7 +10,7 @@ import (
 // capacity near 2^64 the product rounds up to 2^64, which converts to
 // 2^63 on amd64: with a watermark of 1, a 16 EiB host or GPU tier was
 // planned at half its blocks. (Both tiers are slab allocators, and a full
-// host tier is above any watermark: see hostKeepsBlocks.)
+// host tier is above any watermark: see slabKeepsBlocks.)
 func TestPlanHighWatermarkHugeTier(t *testing.T) {
 	const block = 2 * mib
 	// Whole 64 MiB slabs of 32 blocks each: (2^38 - 1) × 32.

@@ -404,11 +404,11 @@ func printSimulation(w io.Writer, res *simResult) {
 // ---- live ----------------------------------------------------------------
 
 // hostHoldsBlocks is how many blocks of the given size the host tier h
-// keeps, as plan counts them (hostKeepsBlocks): whole blocks per slab, and
+// keeps, as plan counts them (slabKeepsBlocks): whole blocks per slab, and
 // with an NVMe tier below (HighWatermark set) no more than its mover
 // leaves under its high watermark, which counts slab space.
 func hostHoldsBlocks(h *shm.TierStats, block uint64) int64 {
-	return int64(hostKeepsBlocks(uint64(max(h.CapacityBytes, 0)), uint64(max(h.SlabBytes, 0)), block, h.HighWatermark, true))
+	return int64(slabKeepsBlocks(uint64(max(h.CapacityBytes, 0)), uint64(max(h.SlabBytes, 0)), block, h.HighWatermark, true))
 }
 
 // replayHash is the daemon hash of trace block id under seed.
