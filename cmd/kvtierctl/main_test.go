@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -244,34 +242,15 @@ func mustRun(t *testing.T, args ...string) string {
 // slabs) and, if nvme, a 256 MiB NVMe tier; it returns its socket.
 func startDaemon(t *testing.T, hostMiB int, nvme bool) string {
 	t.Helper()
-	dir := t.TempDir()
-	args := []string{"-runtime-dir", dir, "-state-dir", filepath.Join(dir, "state"), "-host-capacity", "128MiB", "-metrics-listen", ""}
-	if !nvme {
-		args = append(args, "-no-nvme")
-	}
-	cfg, err := daemon.LoadFromArgs(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Host.SlabBytes = 16 << 20
-	cfg.Host.Capacity = daemon.ByteSize(hostMiB) << 20
-	if nvme {
-		cfg.NVMe.Enabled, cfg.NVMe.Capacity = true, 256<<20
-	}
-	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
+	sock, _ := startDaemonIn(t, t.TempDir(), func(cfg *daemon.Config) {
+		cfg.Host.SlabBytes = 16 << 20
+		cfg.Host.Capacity = daemon.ByteSize(hostMiB) << 20
+		cfg.NVMe.Enabled = nvme
+		if nvme {
+			cfg.NVMe.Capacity = 256 << 20
 		}
 	})
-	return cfg.Socket
+	return sock
 }
 
 // TestBenchKeysDefaultLeavesOthersRoom: bench's default working set is
