@@ -3,8 +3,6 @@
 package daemon
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 )
 
@@ -59,21 +57,7 @@ func TestCgroupMemoryPageCacheIsHeadroom(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			root := filepath.Join(dir, "cg")
-			for rel, body := range tc.files {
-				p := filepath.Join(root, rel)
-				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			self := filepath.Join(dir, "self")
-			if err := os.WriteFile(self, []byte(tc.self), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			self, root := fakeCgroup(t, tc.self, tc.files)
 			limit, avail, ok := cgroupMemory(self, root)
 			if !ok || limit != tc.limit || avail != tc.avail {
 				t.Errorf("got limit %d avail %d ok %v, want %d %d true", limit, avail, ok, tc.limit, tc.avail)

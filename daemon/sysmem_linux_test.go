@@ -91,25 +91,33 @@ func TestCgroupMemoryV1(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			root := filepath.Join(dir, "cg")
-			for rel, body := range tc.files {
-				p := filepath.Join(root, rel)
-				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			self := filepath.Join(dir, "self")
-			if err := os.WriteFile(self, []byte(tc.self), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			self, root := fakeCgroup(t, tc.self, tc.files)
 			limit, avail, ok := cgroupMemory(self, root)
 			if ok != tc.ok || (ok && (limit != tc.limit || avail != tc.avail)) {
 				t.Errorf("got %d %d %v, want %d %d %v", limit, avail, ok, tc.limit, tc.avail, tc.ok)
 			}
 		})
 	}
+}
+
+// fakeCgroup writes a cgroup tree of files (paths under the mount root) and
+// a /proc/self/cgroup of self; it returns the two paths cgroupMemory reads.
+func fakeCgroup(t *testing.T, self string, files map[string]string) (selfPath, root string) {
+	t.Helper()
+	dir := t.TempDir()
+	root = filepath.Join(dir, "cg")
+	for rel, body := range files {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	selfPath = filepath.Join(dir, "self")
+	if err := os.WriteFile(selfPath, []byte(self), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return selfPath, root
 }
