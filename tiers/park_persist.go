@@ -105,25 +105,29 @@ func (c *Chain) storeParkState() {
 	if p == "" {
 		return
 	}
-	now := time.Now()
 	c.parkMu.Lock()
-	buf := make([]byte, parkStateHdrLen, parkStateHdrLen+len(c.parked)*parkStateEntryLen+8)
-	for k, exp := range c.parked {
-		buf = binary.LittleEndian.AppendUint32(buf, k.NS)
-		buf = binary.LittleEndian.AppendUint32(buf, 0)
-		buf = binary.LittleEndian.AppendUint64(buf, k.Hash.Hi)
-		buf = binary.LittleEndian.AppendUint64(buf, k.Hash.Lo)
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(max(exp.Sub(now), 0)))
-	}
-	n := len(c.parked)
+	buf := encodeParkState(c.parked, time.Now())
 	c.parkMu.Unlock()
-	copy(buf, parkStateMagic)
-	binary.LittleEndian.PutUint64(buf[8:], uint64(n))
-	binary.LittleEndian.PutUint64(buf[16:], uint64(now.UnixNano()))
-	buf = binary.LittleEndian.AppendUint64(buf, xxh3.Hash(buf))
 	if err := writeFileAtomic(p, buf); err != nil {
 		c.log.Warn("cannot store the parked requests' expiries; their blocks get a fresh TTL at the next start", "path", p, "err", err)
 	}
+}
+
+// encodeParkState is the file of the expiries parked, stored at now.
+func encodeParkState(parked map[Key]time.Time, now time.Time) []byte {
+	le := binary.LittleEndian
+	buf := make([]byte, parkStateHdrLen, parkStateHdrLen+len(parked)*parkStateEntryLen+8)
+	copy(buf, parkStateMagic)
+	le.PutUint64(buf[8:], uint64(len(parked)))
+	le.PutUint64(buf[16:], uint64(now.UnixNano()))
+	for k, exp := range parked {
+		buf = le.AppendUint32(buf, k.NS)
+		buf = le.AppendUint32(buf, 0)
+		buf = le.AppendUint64(buf, k.Hash.Hi)
+		buf = le.AppendUint64(buf, k.Hash.Lo)
+		buf = le.AppendUint64(buf, uint64(max(exp.Sub(now), 0)))
+	}
+	return le.AppendUint64(buf, xxh3.Hash(buf))
 }
 
 // writeFileAtomic replaces path with data (a temporary file renamed over

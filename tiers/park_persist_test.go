@@ -3,15 +3,12 @@ package tiers
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/zeebo/xxh3"
 
 	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers/nvme"
@@ -144,16 +141,7 @@ func TestParkStateClockSteps(t *testing.T) {
 	k := Key{NS: 1 | ParkedNS, Hash: shm.Hash{Hi: 1, Lo: 2}}
 	now := time.Now()
 	file := func(stop time.Time, left time.Duration) []byte {
-		le := binary.LittleEndian
-		b := []byte(parkStateMagic)
-		b = le.AppendUint64(b, 1)
-		b = le.AppendUint64(b, uint64(stop.UnixNano()))
-		b = le.AppendUint32(b, k.NS)
-		b = le.AppendUint32(b, 0)
-		b = le.AppendUint64(b, k.Hash.Hi)
-		b = le.AppendUint64(b, k.Hash.Lo)
-		b = le.AppendUint64(b, uint64(left))
-		return le.AppendUint64(b, xxh3.Hash(b))
+		return encodeParkState(map[Key]time.Time{k: stop.Add(left)}, stop)
 	}
 	for _, tc := range []struct {
 		name string
@@ -172,4 +160,28 @@ func TestParkStateClockSteps(t *testing.T) {
 			t.Errorf("%s: %v left, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// FuzzDecodeParkState: the expiry file is read back at start; whatever it
+// holds, decoding never panics, and what it accepts are parked blocks'
+// deadlines within [now, now+TTL].
+func FuzzDecodeParkState(f *testing.F) {
+	now := time.Now()
+	f.Add(encodeParkState(map[Key]time.Time{
+		{NS: 1 | ParkedNS, Hash: shm.Hash{Hi: 1, Lo: 2}}: now.Add(time.Minute),
+		{NS: 2 | ParkedNS, Hash: shm.Hash{Hi: 3, Lo: 4}}: now.Add(-time.Minute),
+	}, now), int64(time.Hour))
+	f.Add([]byte(parkStateMagic), int64(0))
+	f.Fuzz(func(t *testing.T, data []byte, ttl int64) {
+		ttl = max(ttl, 0)
+		prior, err := decodeParkState(data, now, time.Duration(ttl))
+		if err != nil {
+			return
+		}
+		for k, exp := range prior {
+			if !k.Parked() || exp.Before(now) || exp.After(now.Add(time.Duration(ttl))) {
+				t.Fatalf("accepted %v expiring at %v (now %v, TTL %v)", k, exp, now, time.Duration(ttl))
+			}
+		}
+	})
 }
