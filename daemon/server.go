@@ -808,9 +808,14 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 		return
 	}
 	c.SetDeadline(time.Time{})
-	// Both directions: a peer that never reads its replies blocks our
-	// write, and Run waits for this goroutine.
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	// A stop ends the wait for the next request at once, and leaves the
+	// reply in progress (a flush the stop cut says so) its own short bound:
+	// a peer that never reads its replies blocks our write, and Run waits
+	// for this goroutine.
+	stop := context.AfterFunc(ctx, func() {
+		c.SetReadDeadline(time.Now())
+		c.SetWriteDeadline(time.Now().Add(handshakeTimeout))
+	})
 	defer stop()
 	buf := make([]byte, 4096)
 	for {
@@ -873,13 +878,29 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		cancel()
 		d.log.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
 		reply := map[string]any{"blocks": n}
-		if ferr != nil {
-			reply["error"] = ferr.Error() // partial: n blocks went down before it
+		if ferr != nil { // partial: n blocks went down before it
+			reply["error"] = d.flushCutReason(ctx, ferr)
 		}
 		b, _ := json.Marshal(reply)
 		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgFlushReply, shm.ProtocolVersion, b))
 	default:
 		return fmt.Errorf("%w: unexpected message type %d", shm.ErrMalformed, t)
+	}
+}
+
+// flushCutReason says why a flush on request ended early, in the words
+// kvtierctl prints: a stop cut it (and whether the stop writes the rest
+// down), its bound ran out, or the write-down failed.
+func (d *Daemon) flushCutReason(ctx context.Context, err error) string {
+	switch {
+	case ctx.Err() != nil && d.cfg.NVMe.FlushOnStop:
+		return "kvtierd is stopping: it cut this flush and writes the rest down itself (nvme.flush_on_stop)"
+	case ctx.Err() != nil:
+		return "kvtierd is stopping: it cut this flush, and nvme.flush_on_stop is off, so the rest is not written down"
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Sprintf("the flush ran past its bound of %s; run it again to write the rest", flushTimeout)
+	default:
+		return err.Error()
 	}
 }
 

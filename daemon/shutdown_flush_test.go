@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -37,10 +39,27 @@ func (g *gatedHistogram) Observe(v float64) {
 // before its own write-down (60 s more) and the snapshot for a warm
 // restart: past systemd's TimeoutStopSec (90 s), which SIGKILLs the daemon
 // with the host tier half written and no snapshot stored.
+//
+// Either way kvtierctl hears why its flush ended, and whether the rest was
+// written down: with flush_on_stop off the stop writes nothing more.
 func TestStopCutsFlushOnRequest(t *testing.T) {
+	for _, tc := range []struct {
+		flushOnStop bool
+		wantReply   string
+	}{
+		{true, "kvtierd is stopping: it cut this flush and writes the rest down itself"},
+		{false, "nvme.flush_on_stop is off, so the rest is not written down"},
+	} {
+		t.Run(fmt.Sprintf("flush_on_stop=%v", tc.flushOnStop), func(t *testing.T) {
+			testStopCutsFlushOnRequest(t, tc.flushOnStop, tc.wantReply)
+		})
+	}
+}
+
+func testStopCutsFlushOnRequest(t *testing.T, flushOnStop bool, wantReply string) {
 	cfg := testConfig(t)
 	cfg.Host.Capacity = 16 * MiB
-	cfg.NVMe.Enabled, cfg.NVMe.Capacity, cfg.NVMe.FlushOnStop = true, 64*MiB, true
+	cfg.NVMe.Enabled, cfg.NVMe.Capacity, cfg.NVMe.FlushOnStop = true, 64*MiB, flushOnStop
 	cfg.Metrics.Listen = "127.0.0.1:0" // the swap-out observer is the metrics'
 	var logBuf syncBuffer
 	log := slog.New(slog.NewTextHandler(&logBuf, nil))
@@ -73,6 +92,31 @@ func TestStopCutsFlushOnRequest(t *testing.T) {
 	close(gate.open)
 	r.stop(t)
 
+	// kvtierctl flush is told why its flush ended, not left with a lost
+	// connection: the reply went out before the daemon closed the socket.
+	buf := make([]byte, 4096)
+	raw, _, err := shm.RecvMsg(admin, buf, 0)
+	if err != nil {
+		t.Fatalf("flush reply after the stop: %v, want a reply saying the stop cut it", err)
+	}
+	ty, _, payload, err := shm.DecodeMsg(raw)
+	if err != nil || ty != shm.MsgFlushReply {
+		t.Fatalf("flush reply: type %d, err %v; want a flush reply", ty, err)
+	}
+	var reply struct {
+		Blocks int    `json:"blocks"`
+		Error  string `json:"error"`
+	}
+	if err := json.Unmarshal(payload, &reply); err != nil {
+		t.Fatalf("flush reply %q: %v", payload, err)
+	}
+	if reply.Blocks <= 0 || reply.Blocks >= blocks {
+		t.Errorf("flush reply counts %d blocks, want some but not all %d (the stop cut it)", reply.Blocks, blocks)
+	}
+	if !strings.Contains(reply.Error, wantReply) {
+		t.Errorf("flush reply error %q, want it to say %q", reply.Error, wantReply)
+	}
+
 	var onRequest, onStop string
 	for _, l := range strings.Split(logBuf.String(), "\n") {
 		switch {
@@ -85,7 +129,13 @@ func TestStopCutsFlushOnRequest(t *testing.T) {
 	if !strings.Contains(onRequest, `err="context canceled"`) {
 		t.Errorf("the flush on request ran on past the stop: %q, want it cut (err=\"context canceled\")", onRequest)
 	}
-	if onStop == "" || !strings.Contains(onStop, "err=<nil>") {
+	want := blocks // the stop wrote the rest
+	switch {
+	case !flushOnStop && onStop != "":
+		t.Errorf("the stop wrote the host tier down with flush_on_stop off: %q", onStop)
+	case !flushOnStop:
+		want = reply.Blocks
+	case onStop == "" || !strings.Contains(onStop, "err=<nil>"):
 		t.Errorf("the stop's write-down: %q, want it done", onStop)
 	}
 	st, err := nvme.Open(ctx, nvme.Options{Dir: filepath.Join(cfg.StateDir, "nvme"), CapacityBytes: 64 * MiB,
@@ -94,7 +144,7 @@ func TestStopCutsFlushOnRequest(t *testing.T) {
 		t.Fatalf("reopen nvme tier: %v", err)
 	}
 	defer st.Close()
-	if n := st.Stats().Blocks; n != blocks {
-		t.Errorf("nvme tier holds %d blocks after the stop, want all %d", n, blocks)
+	if n := st.Stats().Blocks; n != want {
+		t.Errorf("nvme tier holds %d blocks after the stop, want %d (of %d)", n, want, blocks)
 	}
 }

@@ -55,10 +55,7 @@ out to make room for them). Without --timeout, flush waits up to ` + flushTimeou
 			n, err := c.Flush(ctx)
 			res := flushResult{Blocks: n, Seconds: time.Since(t0).Seconds()}
 			if err != nil {
-				if n > 0 {
-					fmt.Fprintf(cmd.ErrOrStderr(), "flush: wrote %d blocks before stopping\n", n)
-				}
-				return err
+				return err // it names the blocks written before the daemon stopped
 			}
 			if g.json {
 				return writeJSON(stdout(cmd), res)
