@@ -82,6 +82,11 @@ type NVMeConfig struct {
 	// host tier down to NVMe on SIGTERM so a restart or an upgrade keeps the
 	// cache warm.
 	FlushOnStop bool `toml:"flush_on_stop"`
+	// StopBudgetSeconds bounds the stop: its write-down ends this long
+	// after SIGTERM at the latest, whatever the drain of the sessions
+	// took. The default leaves the unit's TimeoutStopSec (90 s) 15 s for
+	// closing Badger and storing the warm-restart snapshot.
+	StopBudgetSeconds int `toml:"stop_budget_s"`
 	// ParkTTLSeconds is how long a parked request is kept without being
 	// resumed or released.
 	ParkTTLSeconds int `toml:"park_ttl_s"`
@@ -243,7 +248,7 @@ func (e env) base() Config {
 		Auth: AuthConfig{UIDs: []uint32{uint32(euid)}},
 		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true, HighWatermark: 0.95, LowWatermark: 0.85,
 			Policy: policy.Default},
-		NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
+		NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, StopBudgetSeconds: 75, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: defaultMetricsListen},
 		EBPF:    EBPFConfig{Enabled: true},
 		GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
@@ -461,6 +466,9 @@ func (c *Config) validate(capSlab ByteSize) error {
 	}
 	if t := c.NVMe.ParkTTLSeconds; t <= 0 || int64(t) > math.MaxInt64/int64(time.Second) {
 		bad("nvme.park_ttl_s", "must be between 1 and %d, got %d", math.MaxInt64/int64(time.Second), t)
+	}
+	if t := c.NVMe.StopBudgetSeconds; t <= 0 || t > maxStopBudget {
+		bad("nvme.stop_budget_s", "must be between 1 and %d, got %d", maxStopBudget, t)
 	}
 	if c.NVMe.Capacity > math.MaxInt64 {
 		bad("nvme.capacity", "must be at most %d bytes, got %d", int64(math.MaxInt64), uint64(c.NVMe.Capacity))

@@ -70,7 +70,7 @@ func TestConfigDefaults(t *testing.T) {
 				Host: HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true,
 					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density", CapacityAuto: true},
 				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
-				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, ParkTTLSeconds: 3600},
+				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, StopBudgetSeconds: 75, ParkTTLSeconds: 3600},
 				Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 				EBPF:    EBPFConfig{Enabled: true},
 				GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
@@ -144,7 +144,7 @@ capacity = "1GiB"
 		Host: HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false,
 			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density", CapacityAuto: true},
 		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
-		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, ParkTTLSeconds: 3600},
+		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, StopBudgetSeconds: 75, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 		EBPF:    EBPFConfig{Enabled: true},
 		GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
@@ -409,6 +409,8 @@ func TestConfigTieringValidation(t *testing.T) {
 		{"low not below high", "[host]\nhigh_watermark = 0.8\nlow_watermark = 0.8\n", "host.low_watermark"},
 		{"tiny nvme budget", "[nvme]\ncapacity = \"1MiB\"\n", "nvme.capacity"},
 		{"park ttl zero", "[nvme]\npark_ttl_s = 0\n", "nvme.park_ttl_s"},
+		{"stop budget zero", "[nvme]\nstop_budget_s = 0\n", "nvme.stop_budget_s"},
+		{"stop budget past an hour", "[nvme]\nstop_budget_s = 3601\n", "nvme.stop_budget_s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -56,8 +56,12 @@ type Daemon struct {
 	// deferredWait: how long a closing session waits for its promotions
 	// (the const deferredWait; tests shorten it before Run).
 	deferredWait time.Duration
-	reg          *Registry
-	ln           *net.UnixListener
+	// now is the stop budget's clock (time.Now; tests move it on), and
+	// testAfterDrain, when set, runs once the sessions have ended.
+	now            func() time.Time
+	testAfterDrain func()
+	reg            *Registry
+	ln             *net.UnixListener
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
@@ -110,7 +114,7 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait,
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
 	d.procs.init()
 	d.quar = newQuarantine(log)
@@ -472,6 +476,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	d.closing.Store(true)
+	stopAt := d.now()
 	// A Reload in flight (it uses d.nvme and the chain) ends before the
 	// tiers close; later ones see closing and are refused.
 	d.reload.mu.Lock()
@@ -492,11 +497,23 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.warm.kept {
 		d.quar.close(true)
 	}
-	if d.cfg.NVMe.FlushOnStop && d.nvme != nil {
-		// One bound for both steps. The GPU-only blocks first, into the
-		// host tier (which makes room by demoting to NVMe), while the
-		// movers still run; then the host tier, those blocks with it.
-		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	if d.testAfterDrain != nil {
+		d.testAfterDrain()
+	}
+	budget := time.Duration(d.cfg.NVMe.StopBudgetSeconds) * time.Second
+	left := budget - d.now().Sub(stopAt)
+	if d.cfg.NVMe.FlushOnStop && d.nvme != nil && left <= 0 {
+		// The drain (promotions, quarantined copies) took the whole
+		// budget: writing down now would run into systemd's SIGKILL.
+		d.log.Warn("stop budget spent before the write-down; the host tier is not written down to nvme",
+			"stop_budget", budget, "spent", d.now().Sub(stopAt).Round(time.Millisecond))
+	}
+	if d.cfg.NVMe.FlushOnStop && d.nvme != nil && left > 0 {
+		// One bound for both steps, the rest of the stop's budget. The
+		// GPU-only blocks first, into the host tier (which makes room by
+		// demoting to NVMe), while the movers still run; then the host
+		// tier, those blocks with it.
+		fctx, cancel := context.WithTimeout(context.Background(), left)
 		if d.gpus != nil {
 			t0 := time.Now()
 			n, ferr := d.gpus.Flush(fctx)
@@ -624,9 +641,13 @@ func (s *spareFD) close() {
 	}
 }
 
-// flushTimeout bounds the write-down of the GPU and host tiers at
-// shutdown (systemd kills a daemon that takes too long anyway).
+// flushTimeout bounds a write-down asked for by kvtierctl flush. The one
+// at shutdown has what is left of nvme.stop_budget_s instead.
 const flushTimeout = 60 * time.Second
+
+// maxStopBudget caps nvme.stop_budget_s: a stop of an hour is already
+// one that systemd's TimeoutStopSec must be raised for on purpose.
+const maxStopBudget = 3600
 
 // prefault populates the host arena slab by slab in the background, so the
 // daemon serves at once while the first copies into each slot stop paying

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -146,5 +148,57 @@ func testStopCutsFlushOnRequest(t *testing.T, flushOnStop bool, wantReply string
 	defer st.Close()
 	if n := st.Stats().Blocks; n != want {
 		t.Errorf("nvme tier holds %d blocks after the stop, want %d (of %d)", n, want, blocks)
+	}
+}
+
+// TestStopBudgetBoundsWriteDown: the stop's write-down gets what the drain
+// of the sessions left of nvme.stop_budget_s, not a fixed 60 s after it.
+// Before, a drain of 10 s (promotions) plus 10 s (quarantined copies)
+// followed by a full 60 s write-down and Badger's close came within a few
+// seconds of systemd's SIGKILL at 90 s. The drain's length is simulated by
+// moving the stop's clock on once the sessions have ended.
+func TestStopBudgetBoundsWriteDown(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		drain time.Duration
+		want  int // blocks in NVMe after the stop
+		log   string
+	}{
+		{"drain within budget", 10 * time.Second, 96, `msg="host tier written down to nvme"`},
+		{"drain took the budget", 80 * time.Second, 0, `msg="stop budget spent before the write-down; the host tier is not written down to nvme"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Host.Capacity = 16 * MiB
+			cfg.NVMe.Enabled, cfg.NVMe.Capacity, cfg.NVMe.FlushOnStop = true, 64*MiB, true
+			cfg.NVMe.StopBudgetSeconds = 75
+			var logBuf syncBuffer
+			log := slog.New(slog.NewTextHandler(&logBuf, nil))
+			var moved atomic.Int64
+			r := startDaemonWith(t, cfg, log, func(d *Daemon) {
+				d.now = func() time.Time { return time.Now().Add(time.Duration(moved.Load())) }
+				d.testAfterDrain = func() { moved.Store(int64(tc.drain)) }
+			})
+			c := dialDaemon(t, cfg)
+			s, err := c.Open(context.Background(), testNamespace(64*KiB))
+			if err != nil {
+				t.Fatal(err)
+			}
+			putBlocks(t, s, 96) // 6 MiB: under the high watermark, only a write-down moves them
+			s.Close()
+			r.stop(t)
+			if !strings.Contains(logBuf.String(), tc.log) {
+				t.Errorf("stop log lacks %s:\n%s", tc.log, logBuf.String())
+			}
+			st, err := nvme.Open(context.Background(), nvme.Options{Dir: filepath.Join(cfg.StateDir, "nvme"),
+				CapacityBytes: 64 * MiB, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatalf("reopen nvme tier: %v", err)
+			}
+			defer st.Close()
+			if n := st.Stats().Blocks; n != tc.want {
+				t.Errorf("nvme tier holds %d blocks after a stop whose drain took %s of a 75s budget, want %d", n, tc.drain, tc.want)
+			}
+		})
 	}
 }
