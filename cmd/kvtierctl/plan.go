@@ -24,7 +24,9 @@ import (
 // modelSpec is the part of a model's architecture that sizes its KV cache.
 // A model with KVLoraRank > 0 uses multi-head latent attention (MLA): per
 // token and layer it caches one compressed latent of KVLoraRank +
-// QKRopeHeadDim elements instead of per-head K and V.
+// QKRopeHeadDim elements instead of per-head K and V. SlidingLayers of the
+// Layers attend to the last SlidingWindow tokens only (local attention):
+// an engine may drop their older KV, which --sliding-window window sizes.
 type modelSpec struct {
 	Name          string `json:"name"`
 	Layers        int    `json:"layers"`
@@ -32,11 +34,18 @@ type modelSpec struct {
 	HeadDim       int    `json:"head_dim,omitempty"`
 	KVLoraRank    int    `json:"kv_lora_rank,omitempty"`
 	QKRopeHeadDim int    `json:"qk_rope_head_dim,omitempty"`
+	SlidingLayers int    `json:"sliding_layers,omitempty"`
+	SlidingWindow int    `json:"sliding_window,omitempty"` // tokens
 }
 
 func (m modelSpec) mla() bool { return m.KVLoraRank > 0 }
 
 // modelPresets are popular models, from their Hugging Face config.json.
+// qwen2.5-7b's sliding_window is unused (use_sliding_window false) and
+// mixtral-8x7b's is null: full attention. mistral-7b's figures are those of
+// v0.1, v0.2 and v0.3 alike, and only v0.1 has a window (4096; null
+// since): kept full, which never undersizes. gemma-2-9b's even layers, 21
+// of 42, are local over 4096 tokens.
 var modelPresets = map[string]modelSpec{
 	"llama-3-8b":   {Layers: 32, KVHeads: 8, HeadDim: 128},
 	"llama-3-70b":  {Layers: 80, KVHeads: 8, HeadDim: 128},
@@ -44,7 +53,7 @@ var modelPresets = map[string]modelSpec{
 	"mistral-7b":   {Layers: 32, KVHeads: 8, HeadDim: 128},
 	"mixtral-8x7b": {Layers: 32, KVHeads: 8, HeadDim: 128},
 	"deepseek-v3":  {Layers: 61, KVLoraRank: 512, QKRopeHeadDim: 64},
-	"gemma-2-9b":   {Layers: 42, KVHeads: 8, HeadDim: 256},
+	"gemma-2-9b":   {Layers: 42, KVHeads: 8, HeadDim: 256, SlidingLayers: 21, SlidingWindow: 4096},
 }
 
 func presetNames() []string {
@@ -77,6 +86,12 @@ type hfConfig struct {
 	HiddenSize        *int   `json:"hidden_size"`
 	KVLoraRank        *int   `json:"kv_lora_rank"`
 	QKRopeHeadDim     *int   `json:"qk_rope_head_dim"`
+	// Sliding-window attention (slidingLayers reads them).
+	SlidingWindow        *int     `json:"sliding_window"`
+	SlidingWindowPattern *int     `json:"sliding_window_pattern"`
+	UseSlidingWindow     *bool    `json:"use_sliding_window"`
+	MaxWindowLayers      *int     `json:"max_window_layers"`
+	LayerTypes           []string `json:"layer_types"`
 	// Multimodal models (Llava, Gemma 3, ...) nest the language model.
 	TextConfig *hfConfig `json:"text_config"`
 }
@@ -87,11 +102,14 @@ func ptr(v int) *int { return &v }
 // fields that size the KV cache, for the model types whose defaults differ
 // from the generic fallbacks (num_key_value_heads = num_attention_heads,
 // head_dim = hidden_size / num_attention_heads). Only the values every
-// transformers release agrees on: Gemma's head_dim is 256 in all of them.
+// transformers release agrees on: Gemma's head_dim is 256 in all of them,
+// Gemma 3's sliding_window_pattern 6 (4.53 on keeps it as the default of
+// layer_types). Not sliding_window: an absent window is taken as none.
 var hfClassDefaults = map[string]hfConfig{
-	"gemma":       {HeadDim: ptr(256)},
-	"gemma2":      {HeadDim: ptr(256)},
-	"gemma3_text": {NumHiddenLayers: ptr(26), NumAttentionHeads: ptr(8), NumKeyValueHeads: ptr(4), HeadDim: ptr(256)},
+	"gemma":  {HeadDim: ptr(256)},
+	"gemma2": {HeadDim: ptr(256)},
+	"gemma3_text": {NumHiddenLayers: ptr(26), NumAttentionHeads: ptr(8), NumKeyValueHeads: ptr(4), HeadDim: ptr(256),
+		SlidingWindowPattern: ptr(6)},
 }
 
 func val(p *int) int {
@@ -123,6 +141,7 @@ func parseHFConfig(data []byte, name string) (modelSpec, error) {
 		c.NumAttentionHeads = cmp.Or(c.NumAttentionHeads, d.NumAttentionHeads)
 		c.NumKeyValueHeads = cmp.Or(c.NumKeyValueHeads, d.NumKeyValueHeads)
 		c.HeadDim = cmp.Or(c.HeadDim, d.HeadDim)
+		c.SlidingWindowPattern = cmp.Or(c.SlidingWindowPattern, d.SlidingWindowPattern)
 	}
 	m := modelSpec{Name: name}
 	if c.NameOrPath != "" {
@@ -130,6 +149,10 @@ func parseHFConfig(data []byte, name string) (modelSpec, error) {
 	}
 	if m.Layers = val(c.NumHiddenLayers); m.Layers <= 0 {
 		return modelSpec{}, errors.New("num_hidden_layers: missing or not positive")
+	}
+	var err error
+	if m.SlidingLayers, m.SlidingWindow, err = slidingLayers(c, m.Layers); err != nil {
+		return modelSpec{}, err
 	}
 	if lora := val(c.KVLoraRank); lora > 0 {
 		m.KVLoraRank = lora
@@ -160,6 +183,61 @@ func parseHFConfig(data []byte, name string) (modelSpec, error) {
 		return modelSpec{}, errors.New("head_dim: not positive")
 	}
 	return m, nil
+}
+
+// slidingLayers is how many of a config's layers use sliding-window
+// attention, and over how many tokens. layer_types, which transformers
+// 4.53 on writes for every model with such layers, wins; without it the
+// model types whose rule is known: Gemma 2 and gpt-oss alternate (the
+// even-indexed layers local), Gemma 3 has sliding_window_pattern - 1 local
+// layers before each global one, Mistral (7B v0.1) windows every layer,
+// and Qwen2 with use_sliding_window all but the max_window_layers bottom
+// ones. Any other model type, and any layer type but sliding_attention
+// (chunked, linear, ...), counts as full attention: an overestimate, never
+// an undersized cache. A window that is absent, null or 0, or that
+// use_sliding_window false disables (Qwen2 writes one it does not use), is
+// none.
+func slidingLayers(c hfConfig, layers int) (n, window int, err error) {
+	switch window = val(c.SlidingWindow); {
+	case window < 0:
+		return 0, 0, fmt.Errorf("sliding_window: %d is negative", window)
+	case window == 0, c.UseSlidingWindow != nil && !*c.UseSlidingWindow:
+		return 0, 0, nil
+	}
+	switch {
+	case c.LayerTypes != nil:
+		if len(c.LayerTypes) != layers {
+			return 0, 0, fmt.Errorf("layer_types: %d entries for %d layers", len(c.LayerTypes), layers)
+		}
+		for _, t := range c.LayerTypes {
+			if t == "sliding_attention" {
+				n++
+			}
+		}
+	case c.ModelType == "gemma2" || c.ModelType == "gpt_oss":
+		n = (layers + 1) / 2
+	case c.ModelType == "gemma3_text":
+		p := val(c.SlidingWindowPattern)
+		if p <= 0 {
+			return 0, 0, fmt.Errorf("sliding_window_pattern: %d is not positive", p)
+		}
+		n = layers - layers/p // layer i is global where (i+1) % p == 0
+	case c.ModelType == "mistral":
+		n = layers
+	case c.ModelType == "qwen2" && c.UseSlidingWindow != nil: // true: false returned above
+		// Without max_window_layers the split is a guess: none.
+		bottom := val(c.MaxWindowLayers)
+		if bottom < 0 {
+			return 0, 0, fmt.Errorf("max_window_layers: %d is negative", bottom)
+		}
+		if c.MaxWindowLayers != nil {
+			n = max(layers-bottom, 0)
+		}
+	}
+	if n == 0 {
+		return 0, 0, nil
+	}
+	return n, window, nil
 }
 
 // maxHFConfigBytes bounds what plan reads of --hf-config: a config.json is
@@ -223,7 +301,23 @@ type planInput struct {
 	// a working set above it is demoted down to the low watermark, again
 	// and again. The host tier has one only above an NVMe tier.
 	HostHigh, GPUHigh float64
+	// SlidingMode is --sliding-window: slidingFull ("" too) or
+	// slidingWindow.
+	SlidingMode string
 }
+
+// --sliding-window: what an engine stores of a sliding-window layer.
+const (
+	// Every layer's KV for every block: an engine offloading whole
+	// blocks stores it so.
+	slidingFull = "full"
+	// A sliding-window layer's KV only for the blocks of a request's last
+	// window tokens. A daemon namespace has one block size
+	// (shm.Namespace.BlockBytes; Put refuses any other), so such an
+	// engine keeps two namespaces: the full-attention layers' blocks,
+	// every one, and the sliding-window layers' blocks, the window's.
+	slidingWindow = "window"
+)
 
 // The daemon's default high watermarks (daemon.DefaultConfig).
 const (
@@ -279,6 +373,111 @@ func slabKeepsBlocks(capa, slab, block uint64, high float64, fullIsAbove bool) u
 	return uint64(sort.Search(int(all)+1, func(k int) bool { return !keeps(uint64(k)) })) - 1
 }
 
+// blockClass is one block size of a request's blocks: perReq of them per
+// request and rank.
+type blockClass struct{ bytes, perReq uint64 }
+
+// tierKeeps is what a tier keeps of the working set: its blocks, their
+// bytes, and how many requests' blocks (of one rank) they make.
+type tierKeeps struct{ blocks, bytes, units uint64 }
+
+// slabTierKeeps is what a slab allocator of capa bytes in slabs of slab
+// bytes keeps of blocks of the classes (see slabKeepsBlocks): exact for
+// one class; for two (--sliding-window window) conservative, in a
+// request's mix (mixKeeps): a block takes a slab's share,
+// ceil(slab / blocks per slab), and the room is short one slab per class,
+// more than the partly filled last slab of each. k_i blocks of class i
+// then take fewer slabs than there are, and occupy (tiers.Host.Occupied,
+// what the demoters count) less than the high watermark and the arena.
+// ok is false where the sizes overflow.
+func slabTierKeeps(capa, slab uint64, classes []blockClass, high float64, fullIsAbove bool) (k tierKeeps, ok bool) {
+	if len(classes) == 1 {
+		c := classes[0]
+		n := slabKeepsBlocks(capa, slab, c.bytes, high, fullIsAbove)
+		return tierKeeps{blocks: n, bytes: n * c.bytes, units: n / c.perReq}, true
+	}
+	space := make([]uint64, len(classes))
+	for i, c := range classes {
+		if c.bytes > slab {
+			return tierKeeps{}, true // no slab holds these: none of the mix
+		}
+		per := slab / ((c.bytes + hostAlign - 1) / hostAlign * hostAlign)
+		space[i] = slab/per + min(slab%per, 1)
+	}
+	room := capa / slab * slab
+	if high > 0 {
+		room = min(room, highBytes(high, capa))
+	}
+	if reserve := uint64(len(classes)) * slab; room > reserve {
+		return mixKeeps(room-reserve, space, classes)
+	}
+	return tierKeeps{}, true
+}
+
+// nvmeKeeps is what an NVMe store of limit logical bytes keeps of blocks
+// of the classes, each charged its bytes plus nvme.BlockOverhead: exact
+// for one class, in a request's mix for two (mixKeeps).
+func nvmeKeeps(limit uint64, classes []blockClass) (tierKeeps, bool) {
+	space := make([]uint64, len(classes))
+	for i, c := range classes {
+		var carry uint64
+		if space[i], carry = bits.Add64(c.bytes, nvme.BlockOverhead, 0); carry != 0 {
+			return tierKeeps{}, false
+		}
+	}
+	if len(classes) == 1 {
+		c, n := classes[0], limit/space[0]
+		return tierKeeps{blocks: n, bytes: n * c.bytes, units: n / c.perReq}, true
+	}
+	return mixKeeps(limit, space, classes)
+}
+
+// mixKeeps counts blocks of several sizes in room bytes of a tier, a block
+// of class i taking space[i]: the blocks of whole and partial requests in
+// the request's mix (classes[i].perReq per request), so that
+// sum k_i·space[i] ≤ room. Which blocks an engine puts where is its own;
+// the mix is the working set's. ok is false where the sizes overflow.
+func mixKeeps(room uint64, space []uint64, classes []blockClass) (k tierKeeps, ok bool) {
+	var unit uint64 // the space of one request's blocks
+	for i, c := range classes {
+		hi, lo := bits.Mul64(c.perReq, space[i])
+		var carry uint64
+		if unit, carry = bits.Add64(unit, lo, 0); hi != 0 || carry != 0 {
+			return tierKeeps{}, false
+		}
+	}
+	k.units = room / unit
+	for _, c := range classes {
+		// room·perReq/unit ≤ room/space: the quotient fits 64 bits.
+		hi, lo := bits.Mul64(room, c.perReq)
+		n, _ := bits.Div64(hi, lo, unit)
+		k.blocks += n
+		k.bytes += n * c.bytes // at most n × its space: the sum is at most room
+	}
+	return k, true
+}
+
+// highBytes is high × capa in whole bytes, at most capa (the float product
+// of a capacity near 2^64 rounds up to 2^64).
+func highBytes(high float64, capa uint64) uint64 {
+	if f := high * float64(capa); f < 0x1p64 {
+		return min(uint64(f), capa)
+	}
+	return capa
+}
+
+// planBlockGroup is one kind of daemon block a request stores: a namespace
+// of Layers layers, its blocks BlockBytes each (per rank).
+type planBlockGroup struct {
+	// "all" (every layer: --sliding-window full, or a model without
+	// sliding-window layers), "full_attention" or "sliding_attention"
+	// (--sliding-window window: the layer group's namespace).
+	Attention        string `json:"attention"`
+	Layers           int    `json:"layers"`
+	BlockBytes       uint64 `json:"block_bytes"`
+	BlocksPerRequest uint64 `json:"blocks_per_request_per_rank"`
+}
+
 // planTier is one tier of the split.
 type planTier struct {
 	Name          string `json:"name"`
@@ -286,7 +485,9 @@ type planTier struct {
 	// UsableBytes is the block bytes the tier holds at most (BlocksFit
 	// whole blocks): less than its capacity where the tier packs blocks
 	// into slabs (host), demotes above a high watermark (GPU; host above
-	// NVMe) or evicts above a logical limit (NVMe).
+	// NVMe) or evicts above a logical limit (NVMe). With blocks of two
+	// sizes (--sliding-window window) they are counted in a request's mix
+	// of them, conservatively: see mixKeeps.
 	UsableBytes uint64  `json:"usable_bytes"`
 	RequestsFit uint64  `json:"requests_fit"`
 	BlocksFit   uint64  `json:"blocks_fit"`
@@ -308,9 +509,20 @@ type planResult struct {
 	Concurrency    int       `json:"concurrency"`
 	AvgContext     int       `json:"avg_context"`
 
-	BytesPerTokenPerRank   uint64 `json:"bytes_per_token_per_rank"`
-	BytesPerToken          uint64 `json:"bytes_per_token"`
-	BlockBytes             uint64 `json:"block_bytes"` // per rank: a daemon block
+	// SlidingWindowMode is --sliding-window; BlockGroups the daemon
+	// blocks a request stores under it, Sizing the same in words.
+	SlidingWindowMode string           `json:"sliding_window_mode"`
+	BlockGroups       []planBlockGroup `json:"block_groups"`
+	Sizing            string           `json:"sizing"`
+
+	// Per token and per block of context, every layer. BlockBytes is the
+	// daemon block of --sliding-window full; in window mode the groups'
+	// blocks add up to it.
+	BytesPerTokenPerRank uint64 `json:"bytes_per_token_per_rank"`
+	BytesPerToken        uint64 `json:"bytes_per_token"`
+	BlockBytes           uint64 `json:"block_bytes"`
+	// BlocksPerRequest is a request's blocks of context, ceil(avg_context
+	// / tokens_per_block); the figures below count what BlockGroups store.
 	BlocksPerRequest       uint64 `json:"blocks_per_request_per_rank"`
 	BytesPerRequestPerRank uint64 `json:"bytes_per_request_per_rank"`
 	BytesPerRequest        uint64 `json:"bytes_per_request"`
@@ -359,10 +571,19 @@ func computePlan(in planInput) (planResult, error) {
 		return planResult{}, fmt.Errorf("plan: --gpu-high-watermark must be in (0, 1], got %v", in.GPUHigh)
 	case in.SlabBytes != 0 && (in.SlabBytes < 1<<20 || in.SlabBytes > 1<<30 || bits.OnesCount64(in.SlabBytes) != 1):
 		return planResult{}, fmt.Errorf("plan: --slab-bytes must be a power of two between 1MiB and 1GiB, got %d", in.SlabBytes)
+	case m.SlidingLayers < 0 || m.SlidingLayers > m.Layers:
+		return planResult{}, fmt.Errorf("plan: model has %d sliding-window layers of %d", m.SlidingLayers, m.Layers)
+	case m.SlidingLayers > 0 && m.SlidingWindow <= 0:
+		return planResult{}, fmt.Errorf("plan: model's sliding window of %d tokens is not positive", m.SlidingWindow)
+	}
+	mode := cmp.Or(in.SlidingMode, slidingFull)
+	if mode != slidingFull && mode != slidingWindow {
+		return planResult{}, fmt.Errorf("plan: --sliding-window %q is not full or window", in.SlidingMode)
 	}
 	r := planResult{
 		Model: m, KVDType: in.DType, QuantGroup: in.QuantGroup, TP: in.TP,
 		TokensPerBlock: in.TokensPerBlock, Concurrency: in.Concurrency, AvgContext: in.AvgContext,
+		SlidingWindowMode: mode,
 	}
 
 	// Model dimensions come from any config.json: every product is checked
@@ -380,12 +601,12 @@ func computePlan(in planInput) (planResult, error) {
 		return sum
 	}
 	ceilDiv := func(a, b uint64) uint64 { return a/b + min(a%b, 1) }
-	var vecElems, vecsPerToken uint64
+	var vecElems, vecsPerLayer uint64
 	if m.mla() {
 		// The latent is shared by all heads: every rank keeps all of it.
 		r.Attention = "mla"
 		vecElems = add(uint64(m.KVLoraRank), uint64(max(m.QKRopeHeadDim, 0)))
-		vecsPerToken = uint64(m.Layers)
+		vecsPerLayer = 1
 	} else {
 		r.Attention = "gqa"
 		if m.KVHeads == 1 {
@@ -401,22 +622,62 @@ func computePlan(in planInput) (planResult, error) {
 		}
 		r.KVHeadsPerRank = max(1, m.KVHeads/in.TP)
 		vecElems = uint64(m.HeadDim)
-		vecsPerToken = mul(2*uint64(m.Layers), uint64(r.KVHeadsPerRank)) // K and V
+		vecsPerLayer = 2 * uint64(r.KVHeadsPerRank) // K and V
 	}
 	vecBytes := ceilDiv(mul(vecElems, uint64(elemBits)), 8)
 	if g := uint64(in.QuantGroup); g > 0 {
 		vecBytes = add(vecBytes, mul(ceilDiv(vecElems, g), quantScaleBytes))
 	}
-	r.BytesPerTokenPerRank = mul(vecsPerToken, vecBytes)
+	tpb := uint64(in.TokensPerBlock)
+	layerBlock := mul(mul(vecsPerLayer, vecBytes), tpb) // one layer's block, per rank
+	r.BytesPerTokenPerRank = mul(mul(vecsPerLayer, vecBytes), uint64(m.Layers))
 	r.BytesPerToken = mul(r.BytesPerTokenPerRank, tp)
-	r.BlockBytes = mul(r.BytesPerTokenPerRank, uint64(in.TokensPerBlock))
+	r.BlockBytes = mul(r.BytesPerTokenPerRank, tpb)
 	// The cache holds whole blocks; a request's last, partial block is
 	// counted whole.
-	r.BlocksPerRequest = ceilDiv(uint64(in.AvgContext), uint64(in.TokensPerBlock))
-	r.BytesPerRequestPerRank = mul(r.BlocksPerRequest, r.BlockBytes)
+	ctx := uint64(in.AvgContext)
+	r.BlocksPerRequest = ceilDiv(ctx, tpb)
+	group := func(attention string, layers int, blocks uint64) planBlockGroup {
+		return planBlockGroup{Attention: attention, Layers: layers, BlockBytes: mul(layerBlock, uint64(layers)), BlocksPerRequest: blocks}
+	}
+	switch full := m.Layers - m.SlidingLayers; {
+	case mode == slidingWindow && m.SlidingLayers > 0:
+		// The blocks the request's last window tokens lie in: up to
+		// one more than window / tokens_per_block rounded up, where
+		// the request ends inside a block.
+		win := r.BlocksPerRequest - (ctx-min(ctx, uint64(m.SlidingWindow)))/tpb
+		if full > 0 {
+			r.BlockGroups = append(r.BlockGroups, group("full_attention", full, r.BlocksPerRequest))
+			r.Sizing = fmt.Sprintf("window: per request and rank, %d blocks of the %d full-attention layers and %d (its last %d tokens) of the %d sliding-window layers, a namespace each",
+				r.BlocksPerRequest, full, win, m.SlidingWindow, m.SlidingLayers)
+		} else {
+			r.Sizing = fmt.Sprintf("window: every layer is sliding-window: per request and rank, the %d blocks of its last %d tokens", win, m.SlidingWindow)
+		}
+		r.BlockGroups = append(r.BlockGroups, group("sliding_attention", m.SlidingLayers, win))
+	case m.SlidingLayers > 0:
+		r.BlockGroups = []planBlockGroup{group("all", m.Layers, r.BlocksPerRequest)}
+		r.Sizing = fmt.Sprintf("full: every block holds all %d layers, the %d sliding-window ones too (an engine offloading whole blocks; --sliding-window window keeps theirs for the last %d tokens only)",
+			m.Layers, m.SlidingLayers, m.SlidingWindow)
+	default:
+		r.BlockGroups = []planBlockGroup{group("all", m.Layers, r.BlocksPerRequest)}
+		r.Sizing = fmt.Sprintf("every block holds all %d layers (none is sliding-window)", m.Layers)
+	}
+	for _, g := range r.BlockGroups {
+		r.BytesPerRequestPerRank = add(r.BytesPerRequestPerRank, mul(g.BlocksPerRequest, g.BlockBytes))
+	}
 	r.BytesPerRequest = mul(r.BytesPerRequestPerRank, tp)
 	r.TotalBytesPerRank = mul(r.BytesPerRequestPerRank, uint64(in.Concurrency))
 	r.TotalBytes = mul(r.BytesPerRequest, uint64(in.Concurrency))
+	// A tier's allocator keeps one size class per block size: groups of
+	// equal block size (Gemma 2's 21 and 21 layers) are one class.
+	var classes []blockClass
+	for _, g := range r.BlockGroups {
+		if i := slices.IndexFunc(classes, func(c blockClass) bool { return c.bytes == g.BlockBytes }); i >= 0 {
+			classes[i].perReq = add(classes[i].perReq, g.BlocksPerRequest)
+		} else {
+			classes = append(classes, blockClass{bytes: g.BlockBytes, perReq: g.BlocksPerRequest})
+		}
+	}
 	gpuBytes := mul(in.GPUBytes, tp)
 	if overflow {
 		return planResult{}, errors.New("plan: sizes overflow 64 bits")
@@ -424,6 +685,7 @@ func computePlan(in planInput) (planResult, error) {
 
 	r.TierSource = in.TierSource
 	remaining := r.TotalBytes
+	slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
 	for _, t := range []struct {
 		name string
 		capa uint64
@@ -431,23 +693,6 @@ func computePlan(in planInput) (planResult, error) {
 		if t.capa == 0 {
 			continue
 		}
-		// A tier holds whole blocks, each charged its bytes plus the
-		// tier's per-block overhead, up to its usable bytes.
-		usable, charge := t.capa, r.BlockBytes
-		if t.name == "nvme" {
-			if t.capa < nvme.MinCapacity {
-				return planResult{}, fmt.Errorf("plan: --nvme-bytes %s is below the NVMe tier's minimum of %s",
-					humanize.IBytes(t.capa), humanize.IBytes(nvme.MinCapacity))
-			}
-			// The store evicts above its logical limit, not at its
-			// capacity (the rest is reserve for segments, GC and the
-			// index); the daemon takes at most MaxInt64.
-			usable = uint64(nvme.LogicalLimitFor(int64(min(t.capa, math.MaxInt64))))
-			if charge = add(charge, nvme.BlockOverhead); overflow {
-				return planResult{}, errors.New("plan: sizes overflow 64 bits")
-			}
-		}
-		blocks := usable / charge
 		// Where the tier demotes, what it keeps stays under its high
 		// watermark (slabKeepsBlocks counts it as the demoter does).
 		var high float64
@@ -457,26 +702,46 @@ func computePlan(in planInput) (planResult, error) {
 		case t.name == "host" && in.NVMeBytes > 0:
 			high = cmp.Or(in.HostHigh, defaultHostHigh)
 		}
-		if t.name == "gpu" {
+		var k tierKeeps
+		ok := true
+		switch t.name {
+		case "gpu":
 			// Each GPU's arena is a slab allocator too, its slabs the
-			// host tier's size unless gpu.slab_bytes is set.
-			blocks = tp * slabKeepsBlocks(in.GPUBytes, cmp.Or(in.SlabBytes, defaultSlabBytes), r.BlockBytes, high, false)
-		}
-		if t.name == "host" {
-			slab := cmp.Or(in.SlabBytes, defaultSlabBytes)
-			// A slab is a multiple of hostAlign: a block no larger
-			// than a slab has a stride no larger than one.
-			if r.BlockBytes > slab {
-				return planResult{}, fmt.Errorf("plan: a block of %s does not fit the host tier's slabs of %s (host.slab_bytes; --slab-bytes)",
-					humanize.IBytes(r.BlockBytes), humanize.IBytes(slab))
+			// host tier's size unless gpu.slab_bytes is set. A request
+			// has its blocks on every GPU.
+			k, ok = slabTierKeeps(in.GPUBytes, slab, classes, high, false)
+			k.blocks, k.bytes = tp*k.blocks, tp*k.bytes
+		case "host":
+			for _, c := range classes {
+				// A slab is a multiple of hostAlign: a block no
+				// larger than a slab has a stride no larger than one.
+				if c.bytes > slab {
+					return planResult{}, fmt.Errorf("plan: a block of %s does not fit the host tier's slabs of %s (host.slab_bytes; --slab-bytes)",
+						humanize.IBytes(c.bytes), humanize.IBytes(slab))
+				}
 			}
-			blocks = slabKeepsBlocks(t.capa, slab, r.BlockBytes, high, true)
+			k, ok = slabTierKeeps(t.capa, slab, classes, high, true)
+			k.units /= tp
+		case "nvme":
+			if t.capa < nvme.MinCapacity {
+				return planResult{}, fmt.Errorf("plan: --nvme-bytes %s is below the NVMe tier's minimum of %s",
+					humanize.IBytes(t.capa), humanize.IBytes(nvme.MinCapacity))
+			}
+			// The store evicts above its logical limit, not at its
+			// capacity (the rest is reserve for segments, GC and the
+			// index), and charges each block its bytes plus an index
+			// record; the daemon takes at most MaxInt64.
+			k, ok = nvmeKeeps(uint64(nvme.LogicalLimitFor(int64(min(t.capa, math.MaxInt64)))), classes)
+			k.units /= tp
 		}
-		holds := min(remaining, blocks*r.BlockBytes)
+		if !ok {
+			return planResult{}, errors.New("plan: sizes overflow 64 bits")
+		}
+		holds := min(remaining, k.bytes)
 		remaining -= holds
 		pt := planTier{
-			Name: t.name, CapacityBytes: t.capa, UsableBytes: blocks * r.BlockBytes,
-			RequestsFit: blocks / (r.BlocksPerRequest * tp), BlocksFit: blocks,
+			Name: t.name, CapacityBytes: t.capa, UsableBytes: k.bytes,
+			RequestsFit: k.units, BlocksFit: k.blocks,
 			HoldsBytes: holds, HoldsShare: float64(holds) / float64(r.TotalBytes),
 		}
 		if holds > 0 {
@@ -518,6 +783,18 @@ cache one latent of kv_lora_rank + qk_rope_head_dim elements per layer, which
 every rank keeps whole. int4 is half a byte per element; --quant-group adds one
 fp16 scale per group of that many elements.
 
+Sliding-window layers (Gemma 2 and 3, gpt-oss, Mistral 7B v0.1, Qwen2 with
+use_sliding_window: from a config.json's layer_types, else its model type's
+rule; any other model is all full attention) attend to their last
+sliding_window tokens only. --sliding-window full (the default) sizes an
+engine that offloads whole blocks: every block holds every layer.
+--sliding-window window sizes one that keeps a sliding-window layer's KV only
+for a request's last window tokens (the blocks they lie in): as a daemon
+namespace has one block size, the full-attention and the sliding-window
+layers are then a namespace each, of every block and of the window's blocks
+(block_groups in --json). A tier holding blocks of both sizes is counted in a
+request's mix of them, one slab per size short: a lower bound.
+
 Tier sizes come from --gpu-bytes (per GPU, times --tp), --host-bytes and
 --nvme-bytes, or from the running daemon's host and NVMe tiers when --socket
 or --live is given, with the daemon's slab size (explicit size flags still win).
@@ -545,6 +822,7 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 				in.Model = m
 			}
 			in.DType = strings.ToLower(dtype)
+			in.SlidingMode = strings.ToLower(in.SlidingMode)
 			in.GPUBytes, in.HostBytes, in.NVMeBytes = uint64(gpu), uint64(host), uint64(nvme)
 			if in.SlabBytes = uint64(slab); in.SlabBytes == 0 {
 				return errors.New("plan: --slab-bytes must be a power of two between 1MiB and 1GiB, got 0")
@@ -612,6 +890,7 @@ Presets: ` + strings.Join(presetNames(), ", ") + `.`,
 	f.IntVar(&in.Concurrency, "concurrency", 1, "concurrent requests")
 	f.IntVar(&in.AvgContext, "avg-context", 4096, "average context per request, in `tokens`")
 	f.StringVar(&dtype, "kv-dtype", "bf16", "KV element type: fp32, fp16, bf16, fp8, int8, int4")
+	f.StringVar(&in.SlidingMode, "sliding-window", slidingFull, "what the engine stores of a sliding-window layer: full (every block) or window (the blocks of a request's last window tokens)")
 	f.IntVar(&in.QuantGroup, "quant-group", 0, "int4/int8 only: `elements` per fp16 scale (0: no per-group scales)")
 	f.IntVar(&in.TP, "tp", 1, "tensor parallel size (KV heads split across ranks)")
 	f.IntVar(&in.TokensPerBlock, "tokens-per-block", 16, "tokens per cache block")
@@ -654,6 +933,9 @@ func printPlan(w io.Writer, r planResult) error {
 	default:
 		fmt.Fprintf(w, "model     %s (%s: %d layers x %d KV heads x %d dim)\n", m.Name, strings.ToUpper(r.Attention), m.Layers, m.KVHeads, m.HeadDim)
 	}
+	if m.SlidingLayers > 0 {
+		fmt.Fprintf(w, "sliding   %d of the %d layers attend to their last %d tokens only\n", m.SlidingLayers, m.Layers, m.SlidingWindow)
+	}
 	dt := r.KVDType
 	if r.QuantGroup > 0 {
 		dt += fmt.Sprintf(" with an fp16 scale per %d elements", r.QuantGroup)
@@ -668,7 +950,8 @@ func printPlan(w io.Writer, r planResult) error {
 		layout += fmt.Sprintf(" (%d KV heads per rank)", r.KVHeadsPerRank)
 	}
 	fmt.Fprintf(w, "layout    %s, %d tokens per block\n", layout, r.TokensPerBlock)
-	fmt.Fprintf(w, "workload  %d requests x %d tokens (%d blocks per request per rank)\n\n", r.Concurrency, r.AvgContext, r.BlocksPerRequest)
+	fmt.Fprintf(w, "workload  %d requests x %d tokens (%d blocks per request per rank)\n", r.Concurrency, r.AvgContext, r.BlocksPerRequest)
+	fmt.Fprintf(w, "stored    %s\n\n", r.Sizing)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "KV\tPER RANK\tTOTAL\tBYTES (TOTAL)\t")
@@ -676,7 +959,14 @@ func printPlan(w io.Writer, r planResult) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\n", what, humanize.IBytes(perRank), humanize.IBytes(total), total)
 	}
 	row("per token", r.BytesPerTokenPerRank, r.BytesPerToken)
-	row("per block", r.BlockBytes, r.BlockBytes*uint64(r.TP))
+	for _, g := range r.BlockGroups {
+		what := "per block"
+		if g.Attention != "all" {
+			kind := map[string]string{"full_attention": "full-attention", "sliding_attention": "sliding-window"}[g.Attention]
+			what = fmt.Sprintf("per block (%d %s layers)", g.Layers, kind)
+		}
+		row(what, g.BlockBytes, g.BlockBytes*uint64(r.TP))
+	}
 	row("per request", r.BytesPerRequestPerRank, r.BytesPerRequest)
 	row("workload", r.TotalBytesPerRank, r.TotalBytes)
 	if err := tw.Flush(); err != nil {
@@ -688,6 +978,9 @@ func printPlan(w io.Writer, r planResult) error {
 		return nil
 	}
 	fmt.Fprintf(w, "\ntiers from %s, filled in order:\n", r.TierSource)
+	if len(r.BlockGroups) > 1 && r.BlockGroups[0].BlockBytes != r.BlockGroups[1].BlockBytes {
+		fmt.Fprintln(w, "(blocks of two sizes, counted in a request's mix with one slab per size short: a lower bound)")
+	}
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "TIER\tCAPACITY\tUSABLE\tREQUESTS FIT\tBLOCKS FIT\tHOLDS\tSHARE\t")
 	for _, t := range r.Tiers {

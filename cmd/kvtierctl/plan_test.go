@@ -523,7 +523,9 @@ func TestPlanLiveSlabBytes(t *testing.T) {
 // against those defaults. Gemma 3 12B's text_config (below, as published)
 // omits head_dim (256, the class default): the planner took hidden_size /
 // num_attention_heads = 3840 / 16 = 240 and undersized its KV by 6.25%.
-// Gemma 3 4B's omits the heads too (8 and 4 KV heads by default).
+// Gemma 3 4B's omits the heads too (8 and 4 KV heads by default), and
+// both omit sliding_window_pattern (6: five local layers, then a global
+// one): 48 - 48/6 = 40 and 34 - 34/6 = 29 local layers.
 func TestParseHFConfigClassDefaults(t *testing.T) {
 	tests := []struct {
 		name, json string
@@ -534,10 +536,10 @@ func TestParseHFConfigClassDefaults(t *testing.T) {
 			"text_config":{"hidden_size":3840,"intermediate_size":15360,"model_type":"gemma3_text","num_attention_heads":16,
 			"num_hidden_layers":48,"num_key_value_heads":8,"rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024},
 			"torch_dtype":"bfloat16","vision_config":{"hidden_size":1152,"model_type":"siglip_vision_model","num_hidden_layers":27}}`,
-			modelSpec{Name: "dir", Layers: 48, KVHeads: 8, HeadDim: 256}, 2 * 48 * 8 * 256 * 2},
+			modelSpec{Name: "dir", Layers: 48, KVHeads: 8, HeadDim: 256, SlidingLayers: 40, SlidingWindow: 1024}, 2 * 48 * 8 * 256 * 2},
 		{"gemma-3-4b", `{"model_type":"gemma3","text_config":{"hidden_size":2560,"intermediate_size":10240,
 			"model_type":"gemma3_text","num_hidden_layers":34,"sliding_window":1024}}`,
-			modelSpec{Name: "dir", Layers: 34, KVHeads: 4, HeadDim: 256}, 2 * 34 * 4 * 256 * 2},
+			modelSpec{Name: "dir", Layers: 34, KVHeads: 4, HeadDim: 256, SlidingLayers: 29, SlidingWindow: 1024}, 2 * 34 * 4 * 256 * 2},
 		// Gemma 2 9B without its head_dim: 256, not 3584 / 16 = 224.
 		{"gemma2 without head_dim", `{"model_type":"gemma2","num_hidden_layers":42,"num_attention_heads":16,
 			"num_key_value_heads":8,"hidden_size":3584}`,
