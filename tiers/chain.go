@@ -32,8 +32,8 @@ type ChainConfig struct {
 	// resumed or released.
 	ParkTTL time.Duration
 	// ParkStatePath, if set, is where Wait stores the parked blocks'
-	// expiries and the next NewChain reads them (park_persist.go), so
-	// that a restart does not give them a fresh TTL.
+	// expiries and the next NewChain reads them (Start removes them;
+	// park_persist.go), so that a restart does not give them a fresh TTL.
 	ParkStatePath string
 	// Policy picks which host blocks the mover demotes (a tiers/policy
 	// name; default policy.Default). The host tier's own LRU eviction stays
@@ -540,6 +540,7 @@ func (c *Chain) Start(ctx context.Context) {
 	prior := c.parkPrior
 	c.parkPrior = nil // a block parked from now on is a new request's
 	c.parkMu.Unlock()
+	c.dropParkState() // taken over: Wait stores them again
 	if c.NVMe == nil {
 		return
 	}
@@ -1548,6 +1549,7 @@ func (c *Chain) delete(k Key) bool {
 	if k.Parked() {
 		c.parkMu.Lock()
 		delete(c.parked, k)
+		delete(c.parkPrior, k) // before Start: not stored again by Wait
 		c.parkMu.Unlock()
 	}
 	c.mu.Lock()
@@ -1598,6 +1600,11 @@ func (c *Chain) DeleteNS(ns uint32) int {
 		for k := range c.parked {
 			if k.NS == ns {
 				delete(c.parked, k)
+			}
+		}
+		for k := range c.parkPrior {
+			if k.NS == ns {
+				delete(c.parkPrior, k)
 			}
 		}
 		c.parkMu.Unlock()
