@@ -131,7 +131,8 @@ type Chain struct {
 
 	// The replacement policy sees the host tier through events (insert,
 	// access, remove) applied by policyLoop, so ring loops never wait on
-	// it; events are dropped (counted) when the queue is full, and stale
+	// it; once Start ran, events are dropped (counted) when the queue is
+	// full, and stale
 	// policy state heals when a victim turns out to be gone. polKeys
 	// guards the policy against duplicate inserts and unknown removals,
 	// and holds each tracked block's place in its chain as the policy was
@@ -148,6 +149,13 @@ type Chain struct {
 	unadmittedSet map[policy.Key]struct{}
 	polCh         chan polEvent
 	lookups       atomic.Uint64
+	// polLive: Start has started policyLoop. Before it nothing drains
+	// polCh, and a warm restart adopts any number of blocks: events past
+	// its bound wait in polEarly (earlyMu; never held while taking another
+	// lock), unbounded, and policyLoop applies them first, in order.
+	polLive  atomic.Bool
+	earlyMu  sync.Mutex
+	polEarly []polEvent
 
 	// demoteMu serializes demotion passes (the demoter and promotion
 	// workers making room) so they do not pin the same cold blocks.
@@ -317,11 +325,34 @@ func (c *Chain) note(ev polEvent) {
 	if c.NVMe == nil {
 		return // nothing to demote to: the policy would never be asked
 	}
+	if !c.polLive.Load() && c.noteEarly(ev) {
+		return
+	}
 	select {
 	case c.polCh <- ev:
 	default:
 		c.polDrops.Add(1)
 	}
+}
+
+// noteEarly queues ev if policyLoop has not started, and reports whether
+// it did. Once polCh is full, ev and every later event wait in polEarly,
+// so that they are applied in the order they came.
+func (c *Chain) noteEarly(ev polEvent) bool {
+	c.earlyMu.Lock()
+	defer c.earlyMu.Unlock()
+	if c.polLive.Load() {
+		return false
+	}
+	if len(c.polEarly) == 0 {
+		select {
+		case c.polCh <- ev:
+			return true
+		default:
+		}
+	}
+	c.polEarly = append(c.polEarly, ev)
+	return true
 }
 
 // Inserted tells the policy a block was committed to the host tier. a
@@ -335,8 +366,25 @@ func (c *Chain) Accessed(k Key, a policy.AccessInfo) {
 	c.note(polEvent{op: polAccess, k: pk(k), a: a})
 }
 
-// policyLoop applies policy events in batches.
-func (c *Chain) policyLoop(ctx context.Context) {
+// policyLoop applies policy events in batches: first the events noted
+// before Start, the queued ones of polCh (the first queued) then early,
+// then polCh's as they come (those noted since Start are behind the
+// queued ones).
+func (c *Chain) policyLoop(ctx context.Context, queued int, early []polEvent) {
+	for (queued > 0 || len(early) > 0) && ctx.Err() == nil {
+		c.pmu.Lock() // per batch, as below: a demotion pass waits for one batch
+		for i := 0; i < 256 && (queued > 0 || len(early) > 0); i++ {
+			if queued > 0 {
+				c.apply(<-c.polCh)
+				queued--
+			} else {
+				c.apply(early[0])
+				early[0] = polEvent{}
+				early = early[1:]
+			}
+		}
+		c.pmu.Unlock()
+	}
 	for {
 		var ev polEvent
 		select {
@@ -561,10 +609,16 @@ func (c *Chain) Start(ctx context.Context) {
 		return true
 	})
 	c.parkMu.Unlock()
+	// From here on events go to polCh only, behind those noted before.
+	c.earlyMu.Lock()
+	queued, early := len(c.polCh), c.polEarly
+	c.polEarly = nil
+	c.polLive.Store(true)
+	c.earlyMu.Unlock()
 	c.wg.Add(3 + demoteWriters() + c.cfg.PromoteWorkers)
 	go func() {
 		defer c.wg.Done()
-		c.policyLoop(ctx)
+		c.policyLoop(ctx, queued, early)
 	}()
 	go func() {
 		defer c.wg.Done()
