@@ -132,7 +132,8 @@ type Chain struct {
 	// The replacement policy sees the host tier through events (insert,
 	// access, remove) applied by policyLoop, so ring loops never wait on
 	// it; once Start ran, events are dropped (counted) when the queue is
-	// full, and stale
+	// full (a block whose insert was dropped enters at its next access:
+	// trackAccessed), and stale
 	// policy state heals when a victim turns out to be gone. polKeys
 	// guards the policy against duplicate inserts and unknown removals,
 	// and holds each tracked block's place in its chain as the policy was
@@ -435,6 +436,8 @@ func (c *Chain) apply(ev polEvent) {
 	case polAccess:
 		if known {
 			c.pol.Access(ev.k, ev.a)
+		} else {
+			c.trackAccessed(ev.k, ev.a)
 		}
 	case polRemove:
 		if known {
@@ -460,16 +463,43 @@ func (c *Chain) apply(ev polEvent) {
 		}
 	case polLookup:
 		for i, k := range ev.chain {
-			if _, ok := c.polKeys[k]; !ok {
-				continue
-			}
 			a := ev.a
 			a.Pos, a.HasParent = int(ev.pos[i]), ev.pos[i] > 0
 			if a.HasParent {
 				a.Parent = ev.parent[i]
 			}
-			c.pol.Access(k, a)
+			if _, ok := c.polKeys[k]; ok {
+				c.pol.Access(k, a)
+			} else {
+				c.trackAccessed(k, a) // parents first: the chain is in order
+			}
 		}
+	}
+}
+
+// trackAccessed enters k, accessed but not tracked, if the host tier
+// holds it and the policy has not refused it: its insert was dropped on a
+// full queue (or is still queued behind this access), and without this it
+// would stay untracked for good, never picked for demotion while the
+// policy has victims. Like a promoted block, it keeps its parent only
+// while that is tracked. pmu held.
+func (c *Chain) trackAccessed(k policy.Key, a policy.AccessInfo) {
+	if _, refused := c.unadmittedSet[k]; refused {
+		return // tracked as refused: dropped first when room is needed
+	}
+	if a.HasParent {
+		if _, ok := c.polKeys[a.Parent]; !ok {
+			a.HasParent, a.Parent = false, policy.Key{}
+		}
+	}
+	if !c.Host.Contains(fromPK(k)) {
+		return // gone since: its removal event finds nothing to remove
+	}
+	if c.pol.Admit(k, a) {
+		c.pol.Insert(k, a)
+		c.polKeys[k] = placeOf(a)
+	} else {
+		c.queueRefused(k)
 	}
 }
 

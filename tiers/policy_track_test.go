@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/shm"
 	"github.com/kvtier/kvtier/tiers/nvme"
 	"github.com/kvtier/kvtier/tiers/policy"
 )
@@ -69,5 +70,57 @@ func TestPolicyTracksBlocksAdoptedBeforeStart(t *testing.T) {
 	}
 	if d := c.Stats().PolicyEventDrops; d != 0 {
 		t.Errorf("%d policy events dropped", d)
+	}
+}
+
+// TestPolicyTracksBlockWhoseInsertWasDropped: an insert dropped on a full
+// event queue left its block untracked for good (accesses of untracked
+// blocks were ignored), so the mover never picked it while the policy had
+// victims. A later read of the block enters it.
+func TestPolicyTracksBlockWhoseInsertWasDropped(t *testing.T) {
+	const bs = 64 << 10
+	tests := []struct {
+		name  string
+		touch func(c *Chain, k Key)
+	}{
+		{"get", func(c *Chain, k Key) { c.Accessed(k, ChainInfo([]Key{k}, 0, 1, 0)) }},
+		{"lookup", func(c *Chain, k Key) { c.Lookup([]Key{k}, make([]shm.Tier, 1)) }},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newChainRig(t, rigOpts{hostBytes: 8 << 20, slabBytes: 1 << 20, cfg: ChainConfig{Policy: "lru"}})
+			k := chainKey(62, uint64(i))
+			// The queue full: policyLoop waits for pmu, and events of a
+			// block the tier does not hold fill the queue.
+			r.c.pmu.Lock()
+			noise := polEvent{op: polAccess, k: pk(chainKey(63, 0))}
+		fill:
+			for {
+				select {
+				case r.c.polCh <- noise:
+				default:
+					break fill
+				}
+			}
+			drops := r.c.Stats().PolicyEventDrops
+			r.putHost(t, k, bs)
+			r.c.pmu.Unlock()
+			if d := r.c.Stats().PolicyEventDrops; d != drops+1 {
+				t.Fatalf("%d policy events dropped by the put, want its insert", d-drops)
+			}
+			eventually(t, 10*time.Second, "policy events not applied", func() bool { return len(r.c.polCh) == 0 })
+			if policyTracks(r.c, []Key{k}) != 0 {
+				t.Fatal("the policy tracks a block whose insert was dropped")
+			}
+
+			tt.touch(r.c, k)
+			deadline := time.Now().Add(5 * time.Second)
+			for policyTracks(r.c, []Key{k}) == 0 && time.Now().Before(deadline) {
+				time.Sleep(2 * time.Millisecond)
+			}
+			if policyTracks(r.c, []Key{k}) == 0 {
+				t.Fatalf("a block whose insert was dropped is still untracked by the policy after a %s of it", tt.name)
+			}
+		})
 	}
 }
