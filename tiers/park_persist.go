@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,9 +16,11 @@ import (
 )
 
 // Parked requests keep their TTL across a restart: Wait writes every
-// parked block's expiry to ChainConfig.ParkStatePath, and the next
-// NewChain reads it (and removes the file, so that a crash later does not
-// apply it to a request parked again under the same id). Without it a
+// parked block's expiry to ChainConfig.ParkStatePath, the next NewChain
+// reads it, and that chain's Start removes the file (so that a crash later
+// does not apply it to a request parked again under the same id). Not
+// NewChain: a start-up that fails after it (a later step errors) must
+// leave the file for the next start. Without it a
 // daemon restarted more often than park_ttl_s (upgrades, a crash loop)
 // gave every parked block a fresh TTL each time: the blocks of a client
 // gone for good were never expired, and parked blocks are unevictable in
@@ -41,9 +44,9 @@ const (
 	parkStateEntryLen = 32
 )
 
-// loadParkState reads and removes the expiries a previous Wait stored, as
-// deadlines on this process's clock. A missing file is no prior state; a
-// corrupt one is logged and ignored.
+// loadParkState reads the expiries a previous Wait stored, as deadlines on
+// this process's clock; Start removes the file (dropParkState). A missing
+// file is no prior state; a corrupt one is logged and ignored.
 func (c *Chain) loadParkState() map[Key]time.Time {
 	p := c.cfg.ParkStatePath
 	if p == "" {
@@ -52,9 +55,6 @@ func (c *Chain) loadParkState() map[Key]time.Time {
 	data, err := os.ReadFile(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
-	}
-	if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-		c.log.Warn("cannot remove the parked requests' stored expiries; a later start may apply them again", "path", p, "err", rerr)
 	}
 	var prior map[Key]time.Time
 	if err == nil {
@@ -99,14 +99,34 @@ func decodeParkState(data []byte, now time.Time, ttl time.Duration) (map[Key]tim
 	return prior, nil
 }
 
+// dropParkState removes the stored expiries once Start has taken them
+// over: from then on Wait stores them again, and a crash must not apply
+// them to a request parked again under the same id.
+func (c *Chain) dropParkState() {
+	p := c.cfg.ParkStatePath
+	if p == "" {
+		return
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		c.log.Warn("cannot remove the parked requests' stored expiries; a later start may apply them again", "path", p, "err", err)
+	}
+}
+
 // storeParkState writes the parked blocks' expiries for the next start.
+// A chain stopped without Start never scanned NVMe for its parked blocks:
+// the expiries it read and did not use (parkPrior) are kept, not lost.
 func (c *Chain) storeParkState() {
 	p := c.cfg.ParkStatePath
 	if p == "" {
 		return
 	}
 	c.parkMu.Lock()
-	buf := encodeParkState(c.parked, time.Now())
+	parked := c.parked
+	if len(c.parkPrior) > 0 {
+		parked = maps.Clone(c.parkPrior)
+		maps.Copy(parked, c.parked)
+	}
+	buf := encodeParkState(parked, time.Now())
 	c.parkMu.Unlock()
 	if err := writeFileAtomic(p, buf); err != nil {
 		c.log.Warn("cannot store the parked requests' expiries; their blocks get a fresh TTL at the next start", "path", p, "err", err)

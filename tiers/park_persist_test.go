@@ -84,9 +84,6 @@ func TestParkTTLSurvivesRestart(t *testing.T) {
 			// The next one.
 			c, h, st := open()
 			defer st.Close()
-			if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
-				t.Errorf("stored expiries left after they were read (err %v): a crash later would apply them again", err)
-			}
 			if tt.host {
 				// The block adopted from a kept arena, re-parked before Start.
 				if err := st.Delete(nk(k)); err != nil {
@@ -108,6 +105,9 @@ func TestParkTTLSurvivesRestart(t *testing.T) {
 			defer func() { cancel(); c.Wait() }()
 			now := time.Now()
 			c.Start(ctx)
+			if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("stored expiries left after Start (err %v): a crash later would apply them again", err)
+			}
 			c.parkMu.Lock()
 			exp, ok := c.parked[k]
 			c.parkMu.Unlock()
@@ -184,4 +184,93 @@ func FuzzDecodeParkState(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParkTTLSurvivesFailedStart: a start that fails between NewChain and
+// Start (a later step of the daemon's start-up errors) must leave the
+// stored expiries for the next start. NewChain used to remove the file as
+// it read it, so the next start gave every parked block a fresh TTL.
+func TestParkTTLSurvivesFailedStart(t *testing.T) {
+	const bs = 64 << 10
+	const left = 2 * time.Minute
+	k := Key{NS: 4 | ParkedNS, Hash: shm.Hash{Hi: 78, Lo: 1}}
+	tests := []struct {
+		name string
+		// stopped: the failed start's chain is stopped (Wait without
+		// Start) rather than abandoned: what it stores must still hold
+		// the expiry of the block it never saw (in NVMe, which only
+		// Start scans).
+		stopped bool
+	}{
+		{name: "abandoned"},
+		{name: "stopped without start", stopped: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			state := filepath.Join(dir, "parked.expiry")
+			cfg := ChainConfig{ParkTTL: time.Hour, ParkStatePath: state, Logger: discardLogger()}
+			open := func() (*Chain, *nvme.Store) {
+				h, err := NewHost(make([]byte, 4<<20), HostConfig{SlabBytes: 1 << 20})
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := nvme.Open(context.Background(), nvme.Options{
+					Dir: filepath.Join(dir, "nvme"), CapacityBytes: nvme.MinCapacity, Logger: discardLogger(),
+					Unevictable: func(k nvme.Key) bool { return k.NS&ParkedNS != 0 },
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := NewChain(h, st, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c, st
+			}
+
+			// The first daemon stops with k parked in NVMe, left to go.
+			c1, st1 := open()
+			if err := st1.Put(nk(k), blockFor(k, bs)); err != nil {
+				t.Fatal(err)
+			}
+			c1.Park(k)
+			c1.parkMu.Lock()
+			c1.parked[k] = time.Now().Add(left)
+			c1.parkMu.Unlock()
+			c1.Wait()
+			if err := st1.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			// The second one fails after NewChain, before Start.
+			c2, st2 := open()
+			if tt.stopped {
+				c2.Wait()
+			}
+			if err := st2.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			// The third one starts.
+			c, st := open()
+			defer st.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer func() { cancel(); c.Wait() }()
+			now := time.Now()
+			c.Start(ctx)
+			c.parkMu.Lock()
+			exp, ok := c.parked[k]
+			c.parkMu.Unlock()
+			if !ok {
+				t.Fatal("parked block not recorded after the restart")
+			}
+			if got := exp.Sub(now); got > left+time.Minute/2 || got < left-time.Minute/2 {
+				t.Errorf("after a failed start and a restart the parked block expires in %v, want %v", got.Round(time.Second), left)
+			}
+			if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("stored expiries left after Start (err %v): a crash later would apply them again", err)
+			}
+		})
+	}
 }

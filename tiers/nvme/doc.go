@@ -101,7 +101,9 @@
 //
 // Open iterates the index records (48 bytes each, inline in the LSM; no
 // block data is read) and orders the LRU by the badger commit version,
-// i.e. write order (a block moved by compaction counts as rewritten then).
+// i.e. write order (a block moved by compaction counts as rewritten then);
+// the blocks of one PutBatch chunk, committed together, by their order in
+// the batch (their records' offsets).
 // Reads are not persisted (that would mean a write per hit); in the tier
 // chain a block that is read is promoted and, when demoted again, Put anew,
 // which refreshes its version.

@@ -2,6 +2,7 @@ package nvme
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -505,6 +506,8 @@ func (s *Store) reindex(ctx context.Context) error {
 	start := time.Now()
 	type kv struct {
 		ver uint64
+		seg uint32
+		off int64
 		i   int32
 	}
 	x := newIndex(0)
@@ -551,15 +554,21 @@ func (s *Store) reindex(ctx context.Context) error {
 			x.put(k, rec.n, rec.seg, false)
 			live[rec.seg] += s.segs.recLen(rec.n)
 			i, _ := x.get(k)
-			order = append(order, kv{item.Version(), i})
+			order = append(order, kv{item.Version(), rec.seg, rec.offset, i})
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("nvme: reindex: %w", err)
 	}
-	// Relink in version order: newest at the head.
-	sort.Slice(order, func(a, b int) bool { return order[a].ver < order[b].ver })
+	// Relink in version order: newest at the head. The blocks of one
+	// PutBatch chunk share a version (one transaction); their records lie
+	// back to back in one segment in the order they were given, which
+	// breaks the tie.
+	sort.Slice(order, func(a, b int) bool {
+		x, y := order[a], order[b]
+		return cmp.Or(cmp.Compare(x.ver, y.ver), cmp.Compare(x.seg, y.seg), cmp.Compare(x.off, y.off)) < 0
+	})
 	x.head, x.tail = nilIdx, nilIdx
 	for _, o := range order {
 		x.pushFront(o.i)
