@@ -97,6 +97,13 @@ type Chain struct {
 	stopCh     chan struct{}
 	stopOnce   sync.Once
 	handoffs   sync.WaitGroup
+	// parkEarly (mu) holds the parked blocks a warm restart re-parks
+	// before Start past parkCh's room, in order; Start hands them to the
+	// writers. parkLive (mu): Start has run. Before it nothing drains
+	// parkCh, so a handoff goroutine per block would wait there, one per
+	// block of a large host tier.
+	parkEarly []*Handle
+	parkLive  bool
 	// parked maps the blocks of parked requests to their expiry; parkCh
 	// carries freshly parked (pinned) blocks to the write-through goroutine.
 	parkMu sync.Mutex
@@ -645,6 +652,27 @@ func (c *Chain) Start(ctx context.Context) {
 	c.polEarly = nil
 	c.polLive.Store(true)
 	c.earlyMu.Unlock()
+	c.mu.Lock()
+	parkEarly := c.parkEarly
+	c.parkEarly, c.parkLive = nil, true
+	c.mu.Unlock()
+	if len(parkEarly) > 0 {
+		// Behind those parkCh holds, in the order they were parked.
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			for i, hd := range parkEarly {
+				select {
+				case c.parkCh <- hd:
+				case <-ctx.Done():
+					for _, hd := range parkEarly[i:] {
+						c.Host.Unpin(hd, false) // stays in the host tier: Flush writes it
+					}
+					return
+				}
+			}
+		}()
+	}
 	c.wg.Add(3 + demoteWriters() + c.cfg.PromoteWorkers)
 	go func() {
 		defer c.wg.Done()
@@ -689,6 +717,13 @@ func (c *Chain) Wait() {
 		default:
 			drained = true
 		}
+	}
+	c.mu.Lock()
+	parkEarly := c.parkEarly // stopped without Start
+	c.parkEarly = nil
+	c.mu.Unlock()
+	for _, hd := range parkEarly {
+		c.Host.Unpin(hd, false)
 	}
 	c.parkMu.Lock()
 	retry := c.parkRetry
@@ -1417,6 +1452,10 @@ func (c *Chain) Park(k Key) {
 	select {
 	case c.parkCh <- hd:
 	default:
+		if !c.parkLive {
+			c.parkEarly = append(c.parkEarly, hd)
+			return
+		}
 		c.handoffs.Add(1) // bounded by the sessions' rings
 		go func() {
 			defer c.handoffs.Done()
