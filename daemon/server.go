@@ -1,12 +1,14 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -982,8 +984,43 @@ func (d *Daemon) Stats() shm.Stats {
 		perNS[s.nsID]++
 	}
 	d.mu.Unlock()
-	for id, ns := range d.reg.All() {
-		st.Namespaces = append(st.Namespaces, shm.NamespaceStats{ID: id, Namespace: ns, Sessions: perNS[id]})
-	}
+	st.Namespaces, st.NamespacesTotal = listNamespaces(d.reg.All(), perNS)
 	return st
+}
+
+// statsNamespaceBytes bounds the JSON of the namespaces a status reply
+// lists. The reply is one SOCK_SEQPACKET message, which the socket's send
+// buffer caps (net.core.wmem_default, 208 KiB on most hosts), and a peer
+// registers namespaces at will, for good: listed whole, a few hundred with
+// long model ids made every status request fail.
+const statsNamespaceBytes = 64 << 10
+
+// listNamespaces lists the namespaces with sessions first, then the others
+// by id, up to statsNamespaceBytes of JSON, and returns them with how many
+// there are.
+func listNamespaces(all map[uint32]NamespaceSpec, sessions map[uint32]int) ([]shm.NamespaceStats, int) {
+	ids := slices.Collect(maps.Keys(all))
+	slices.SortFunc(ids, func(a, b uint32) int {
+		if ua, ub := sessions[a] > 0, sessions[b] > 0; ua != ub {
+			if ua {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a, b)
+	})
+	var out []shm.NamespaceStats
+	size := 0
+	for _, id := range ids {
+		ns := shm.NamespaceStats{ID: id, Namespace: all[id], Sessions: sessions[id]}
+		b, err := json.Marshal(ns)
+		if err != nil {
+			continue
+		}
+		if size += len(b) + 1; size > statsNamespaceBytes {
+			break
+		}
+		out = append(out, ns)
+	}
+	return out, len(all)
 }
