@@ -4,13 +4,17 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/shm"
 )
 
 // TestStatusWithManyNamespaces: every namespace a hello names is registered
@@ -55,6 +59,89 @@ func TestStatusWithManyNamespaces(t *testing.T) {
 	for i := 2; i < len(st.Namespaces); i++ {
 		if st.Namespaces[i].ID <= st.Namespaces[i-1].ID {
 			t.Fatalf("namespaces without sessions not in id order: %d after %d", st.Namespaces[i].ID, st.Namespaces[i-1].ID)
+		}
+	}
+}
+
+// rawAdmin opens an admin connection and returns it with the daemon's
+// answer: 0 for a Welcome, else the refusal's code.
+func rawAdmin(t *testing.T, socket string) (*net.UnixConn, shm.ErrCode) {
+	t.Helper()
+	c := rawDial(t, socket)
+	h := shm.Hello{Flags: shm.HelloFlagAdmin, Name: "raw-admin"}
+	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgHello, shm.ProtocolVersion, h.Encode())); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	raw, _, err := shm.RecvMsg(c, make([]byte, 4096), 0)
+	if err != nil {
+		t.Fatalf("admin hello: %v", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	typ, _, p, err := shm.DecodeMsg(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ == shm.MsgWelcome {
+		return c, 0
+	}
+	e, err := shm.DecodeError(p)
+	if typ != shm.MsgError || err != nil {
+		t.Fatalf("admin hello answered with message type %d (%v)", typ, err)
+	}
+	return c, e.Code
+}
+
+// TestAdminConnectionsBounded: an admin connection (status, evict, flush)
+// was counted against no limit and, once welcomed, could stay idle for as
+// long as its peer liked, each holding a goroutine and a file descriptor of
+// the daemon's: one local process could take every fd the daemon has, and
+// every other client's next session was refused.
+func TestAdminConnectionsBounded(t *testing.T) {
+	cfg := testConfig(t) // max_admin 64
+	startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) { d.adminIdle = 2 * time.Second })
+	const n = 200
+	t0 := time.Now()
+	var held []*net.UnixConn
+	busy := 0
+	for range n {
+		c, code := rawAdmin(t, cfg.Socket)
+		switch code {
+		case 0:
+			held = append(held, c)
+		case shm.CodeBusy:
+			busy++
+			c.Close()
+		default:
+			t.Fatalf("admin connection refused with code %d", code)
+		}
+	}
+	t.Logf("%d admin hellos in %v", n, time.Since(t0))
+	if len(held) > cfg.Session.MaxAdmin {
+		t.Fatalf("%d idle admin connections held at once (%d refused busy): admin connections are not limited", len(held), busy)
+	}
+	if len(held) != cfg.Session.MaxAdmin {
+		t.Fatalf("%d admin connections welcomed, want session.max_admin = %d", len(held), cfg.Session.MaxAdmin)
+	}
+	// Sessions are not admin connections: they still open.
+	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-after-admins", 4096)); p == nil {
+		t.Fatalf("session refused (%d) while admin connections are at their limit", code)
+	}
+	// The idle ones are closed, and their places taken again.
+	for i, c := range held {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := shm.RecvMsg(c, make([]byte, 4096), 0); !errors.Is(err, io.EOF) {
+			t.Fatalf("idle admin connection %d: read %v, want EOF (closed by the daemon)", i, err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, code := rawAdmin(t, cfg.Socket)
+		c.Close()
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin connection refused (%d) after the idle ones were closed", code)
 		}
 	}
 }

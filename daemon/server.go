@@ -36,6 +36,11 @@ var Version = "0.1.0-dev"
 // with demotions can hold for seconds.
 const handshakeTimeout = 2 * time.Second
 
+// adminIdle bounds the wait for an admin connection's next request: the
+// client library opens one per call, and one left open by a process that
+// forgot it must not keep its place under session.max_admin for good.
+const adminIdle = time.Minute
+
 // refuseLinger bounds how long a refused peer has to read the refusal and
 // hang up before the daemon closes the connection anyway.
 const refuseLinger = 500 * time.Millisecond
@@ -68,9 +73,13 @@ type Daemon struct {
 	mu       sync.Mutex
 	sessions map[uint64]*session
 	opening  int // sessions past the limit check, not yet in sessions
-	nextID   uint64
-	wg       sync.WaitGroup
-	closing  atomic.Bool
+	admins   int // admin connections welcomed and not yet ended
+	// adminIdle: how long an admin connection may wait between requests
+	// (the const adminIdle; tests shorten it before Run).
+	adminIdle time.Duration
+	nextID    uint64
+	wg        sync.WaitGroup
+	closing   atomic.Bool
 
 	loops       atomic.Int32 // ring loops running (one per session)
 	spinners    atomic.Int32 // ring loops currently spinning
@@ -116,7 +125,7 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now,
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now, adminIdle: adminIdle,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
 	d.procs.init()
 	d.quar = newQuarantine(log)
@@ -811,6 +820,13 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	// The peer has spoken: its deadline ends here. Our writes set their own.
 	c.SetReadDeadline(time.Time{})
 	if hello.Flags&shm.HelloFlagAdmin != 0 {
+		// Counted, or one process could open them until the daemon has
+		// no fd left for anyone's session.
+		if !d.takeAdmin() {
+			d.refuse(c, shm.CodeBusy, fmt.Sprintf("admin connection limit %d reached (session.max_admin); try again later", d.cfg.Session.MaxAdmin))
+			return
+		}
+		defer d.releaseAdmin()
 		d.serveAdmin(ctx, c, log)
 		return
 	}
@@ -820,6 +836,23 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	}
 	c.SetDeadline(time.Time{})
 	s.run()
+}
+
+// takeAdmin counts an admin connection in, reporting false at the limit.
+func (d *Daemon) takeAdmin() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.admins >= d.cfg.Session.MaxAdmin {
+		return false
+	}
+	d.admins++
+	return true
+}
+
+func (d *Daemon) releaseAdmin() {
+	d.mu.Lock()
+	d.admins--
+	d.mu.Unlock()
 }
 
 // serveAdmin answers control-only requests (status, evict) until the peer
@@ -842,6 +875,10 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 	defer stop()
 	buf := make([]byte, 4096)
 	for {
+		c.SetReadDeadline(time.Now().Add(d.adminIdle))
+		if ctx.Err() != nil {
+			return // the stop's deadline, which the line above may have moved
+		}
 		raw, _, err := shm.RecvMsg(c, buf, 0)
 		if err != nil {
 			return
