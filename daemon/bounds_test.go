@@ -145,3 +145,52 @@ func TestAdminConnectionsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerCannotFloodTheLog: every refused handshake logged a warning, so a
+// local process connecting in a loop wrote the daemon's log as fast as it
+// could connect; journald then drops the whole service's lines past its rate
+// limit (10,000 per 30 s by default), the ones that matter with them.
+func TestPeerCannotFloodTheLog(t *testing.T) {
+	cfg := testConfig(t)
+	var logs syncBuffer
+	startDaemon(t, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	bad := func() {
+		c := rawDial(t, cfg.Socket)
+		defer c.Close()
+		// A stats request where the hello belongs.
+		if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgStatsReq, shm.ProtocolVersion, nil)); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := shm.RecvMsg(c, make([]byte, 4096), 0); err != nil {
+			t.Fatalf("refusal: %v", err)
+		}
+	}
+	const n = 2000
+	t0 := time.Now()
+	for range n {
+		bad()
+	}
+	took := time.Since(t0)
+	count := func(msg string) int { return strings.Count(logs.String(), `msg="`+msg+`"`) }
+	got := count("handshake failed")
+	t.Logf("%d bad handshakes in %v: %d lines logged", n, took, got)
+	if got == 0 || got > 40+int(took.Seconds()) {
+		t.Fatalf("%d bad handshakes in %v logged %d warnings, want a few (rate-limited)", n, took.Round(time.Millisecond), got)
+	}
+	// Other lines are not held back by that one's flood.
+	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-after-flood", 4096)); p == nil {
+		t.Fatalf("session refused: %d", code)
+	}
+	for deadline := time.Now().Add(5 * time.Second); count("session opened") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(`no "session opened" line after the flood of another message`)
+		}
+	}
+	// Once the rate allows it again, the line says how many it stood for.
+	time.Sleep(1100 * time.Millisecond)
+	bad()
+	if !strings.Contains(logs.String(), "suppressed=") {
+		t.Fatal("the next line after the flood does not say how many were suppressed")
+	}
+}

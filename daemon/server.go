@@ -47,9 +47,13 @@ const refuseLinger = 500 * time.Millisecond
 
 // Daemon is a running kvtierd instance.
 type Daemon struct {
-	cfg   Config
-	log   *slog.Logger
-	start time.Time
+	cfg Config
+	log *slog.Logger
+	// peerLog is log for the lines peers cause, rate-limited per message
+	// (logging.go); sessions and connections log through loggers derived
+	// from it.
+	peerLog *slog.Logger
+	start   time.Time
 
 	lock  *os.File
 	arena *shm.Region
@@ -127,8 +131,9 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 	}
 	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now, adminIdle: adminIdle,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
+	d.peerLog = rateLimited(log, newLogLimiter())
 	d.procs.init()
-	d.quar = newQuarantine(log)
+	d.quar = newQuarantine(d.peerLog) // a line per session that ends holding reservations
 	if cfg.Metrics.Listen != "" {
 		d.metrics = newMetrics(d)
 	}
@@ -597,7 +602,7 @@ func (d *Daemon) answerOnSpare(ctx context.Context, c *net.UnixConn, spare *spar
 	if !d.authorized(c) {
 		return
 	}
-	d.log.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
+	d.peerLog.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
 	d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is out of file descriptors (its limit is %d); try again later", fdLimit()))
 }
 
@@ -756,10 +761,10 @@ func (d *Daemon) allowed(c *net.UnixConn, cred *unix.Ucred, log *slog.Logger) bo
 func (d *Daemon) authorized(c *net.UnixConn) bool {
 	cred, err := peerCred(c)
 	if err != nil {
-		d.log.Warn("peer credentials unavailable; refusing", "err", err)
+		d.peerLog.Warn("peer credentials unavailable; refusing", "err", err)
 		return false
 	}
-	return d.allowed(c, cred, d.log.With("pid", cred.Pid, "uid", cred.Uid))
+	return d.allowed(c, cred, d.peerLog.With("pid", cred.Pid, "uid", cred.Uid))
 }
 
 // serveConn authenticates a connection, runs its handshake and then the
@@ -768,10 +773,10 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
 	cred, err := peerCred(c)
 	if err != nil {
-		d.log.Warn("peer credentials unavailable; refusing", "err", err)
+		d.peerLog.Warn("peer credentials unavailable; refusing", "err", err)
 		return
 	}
-	log := d.log.With("pid", cred.Pid, "uid", cred.Uid)
+	log := d.peerLog.With("pid", cred.Pid, "uid", cred.Uid)
 	if !d.allowed(c, cred, log) {
 		return
 	}
@@ -922,7 +927,7 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		} else {
 			n = d.deleteNS(req.NamespaceID)
 		}
-		d.log.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
+		d.peerLog.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
 		b, _ := json.Marshal(map[string]int{"evicted": n})
 		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgEvictReply, shm.ProtocolVersion, b))
 	case shm.MsgFlushReq:
@@ -936,7 +941,7 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		fctx, cancel := context.WithTimeout(ctx, flushTimeout)
 		n, ferr := d.chain.Flush(fctx)
 		cancel()
-		d.log.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
+		d.peerLog.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
 		reply := map[string]any{"blocks": n}
 		if ferr != nil { // partial: n blocks went down before it
 			reply["error"] = d.flushCutReason(ctx, ferr)
