@@ -136,6 +136,9 @@ type SessionConfig struct {
 	RingEntries int      `toml:"ring_entries"`
 	DataBytes   ByteSize `toml:"data_bytes"`
 	MaxSessions int      `toml:"max_sessions"`
+	// MaxAdmin bounds the admin connections (status, evict, flush) open at
+	// once: each holds a goroutine and an fd, and a peer opens them at will.
+	MaxAdmin int `toml:"max_admin"`
 	// SpinMicros is how long an idle session's ring loop polls before it
 	// sleeps on the futex doorbell. Waking a sleeping thread costs ~60 µs
 	// on virtual machines, more than a whole 2 MiB copy, so the default
@@ -256,6 +259,7 @@ func (e env) base() Config {
 			RingEntries: 1024,
 			DataBytes:   1 * MiB,
 			MaxSessions: 1024,
+			MaxAdmin:    64,
 			SpinMicros:  200,
 		},
 	}
@@ -513,6 +517,9 @@ func (c *Config) validate(capSlab ByteSize) error {
 	}
 	if c.Session.MaxSessions <= 0 {
 		bad("session.max_sessions", "must be positive, got %d", c.Session.MaxSessions)
+	}
+	if a := c.Session.MaxAdmin; a <= 0 || a > 65536 {
+		bad("session.max_admin", "must be between 1 and 65536, got %d", a)
 	}
 	if s := c.Session.SpinMicros; s < 0 || s > 10000 {
 		bad("session.spin_us", "must be between 0 and 10000, got %d", s)

@@ -69,7 +69,7 @@ func TestConfigDefaults(t *testing.T) {
 				Auth: AuthConfig{UIDs: tt.uids},
 				Host: HostConfig{Capacity: 64 * GiB, SlabBytes: 64 * MiB, Prefault: true,
 					HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density", CapacityAuto: true},
-				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, SpinMicros: 200},
+				Session: SessionConfig{RingEntries: 1024, DataBytes: MiB, MaxSessions: 1024, MaxAdmin: 64, SpinMicros: 200},
 				NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, StopBudgetSeconds: 75, ParkTTLSeconds: 3600},
 				Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 				EBPF:    EBPFConfig{Enabled: true},
@@ -126,6 +126,7 @@ prefault = false
 ring_entries = 4096
 data_bytes = 65536
 max_sessions = 8
+max_admin = 4
 spin_us = 0
 [nvme]
 enabled = false
@@ -143,7 +144,7 @@ capacity = "1GiB"
 		// Capacity derived with the file's slab size: 64GiB is a multiple of 1GiB.
 		Host: HostConfig{Capacity: 64 * GiB, SlabBytes: GiB, HugePages: true, Prefault: false,
 			HighWatermark: 0.95, LowWatermark: 0.85, Policy: "density", CapacityAuto: true},
-		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, SpinMicros: 0},
+		Session: SessionConfig{RingEntries: 4096, DataBytes: 64 * KiB, MaxSessions: 8, MaxAdmin: 4, SpinMicros: 0},
 		NVMe:    NVMeConfig{Enabled: false, Capacity: GiB, FlushOnStop: true, StopBudgetSeconds: 75, ParkTTLSeconds: 3600},
 		Metrics: MetricsConfig{Listen: "127.0.0.1:9477"},
 		EBPF:    EBPFConfig{Enabled: true},
@@ -211,6 +212,9 @@ func TestConfigValidate(t *testing.T) {
 		{"data too small", func(c *Config) { c.Session.DataBytes = 64*KiB - 1 }, "session.data_bytes"},
 		{"data too big", func(c *Config) { c.Session.DataBytes = 64*MiB + 1 }, "session.data_bytes"},
 		{"max sessions", func(c *Config) { c.Session.MaxSessions = 0 }, "session.max_sessions"},
+		{"max admin zero", func(c *Config) { c.Session.MaxAdmin = 0 }, "session.max_admin"},
+		{"max admin too many", func(c *Config) { c.Session.MaxAdmin = 65537 }, "session.max_admin"},
+		{"max admin bound ok", func(c *Config) { c.Session.MaxAdmin = 65536 }, ""},
 		{"spin negative", func(c *Config) { c.Session.SpinMicros = -1 }, "session.spin_us"},
 		{"spin too long", func(c *Config) { c.Session.SpinMicros = 10001 }, "session.spin_us"},
 		// Past int64 or time.Duration: used to pass, then wrap (a negative

@@ -178,7 +178,7 @@ func (d *Daemon) clientExited(tgid uint32, lag time.Duration) int {
 	}
 	d.mu.Unlock()
 	if n > 0 {
-		d.log.Info("client process exited; freeing its sessions", "pid", tgid, "sessions", n, "event_lag", lag)
+		d.peerLog.Info("client process exited; freeing its sessions", "pid", tgid, "sessions", n, "event_lag", lag)
 	}
 	return n
 }

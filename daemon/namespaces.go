@@ -25,9 +25,13 @@ import (
 // on the exact struct, so two engines share ids only if every field matches.
 type NamespaceSpec = shm.Namespace
 
-// maxNamespaces bounds the registry (each Register rewrites the whole file);
-// real hosts have a handful of models x TP ranks.
+// maxNamespaces bounds the registry; real hosts have a handful of models x
+// TP ranks.
 const maxNamespaces = 1 << 16
+
+// minJournalReserve is the fewest ids a compaction sets aside for the
+// journal (see Registry).
+const minJournalReserve = 64
 
 // maxNamespaceID is the largest namespace id: the tier chain marks parked
 // blocks by setting tiers.ParkedNS in their namespace, so an id with that
@@ -37,6 +41,8 @@ const maxNamespaceID = tiers.ParkedNS - 1
 const (
 	registryFile    = "namespaces.json"
 	registryVersion = 1
+	journalFile     = "namespaces.journal"
+	journalVersion  = 1
 )
 
 // registryDoc is the on-disk form. NextID is stored rather than recomputed
@@ -53,15 +59,39 @@ type registryRecord struct {
 	Spec NamespaceSpec `json:"spec"`
 }
 
+// journalHeader is the journal's first line: it extends only the snapshot
+// of that epoch and next_id whose ids are all below first_id.
+type journalHeader struct {
+	Version int    `json:"version"`
+	Epoch   uint64 `json:"epoch"`
+	NextID  uint32 `json:"next_id"`
+	FirstID uint32 `json:"first_id"`
+}
+
 // Registry hands out stable namespace ids (starting at 1; 0 means "none")
 // and persists them in <StateDir>/namespaces.json. It is safe for
 // concurrent use; lookups never wait for a Register's fsync.
+//
+// A new namespace is appended to <StateDir>/namespaces.journal, one JSON
+// line fsynced, rather than rewriting the snapshot (namespaces.json): a
+// peer names namespaces at will, and rewriting the whole file for each cost
+// O(n²) bytes for n of them. The snapshot is rewritten (compacted) when
+// the journal's ids run out, with room for as many again, so each costs
+// O(1) bytes amortized. The snapshot's next_id is the end of the ids set
+// aside for the journal: a kvtierd that knows no journal reads a valid
+// registry that never hands out an id the journal may have used.
 type Registry struct {
 	path  string
+	jpath string
 	epoch uint64
 	isNew bool // this Open started the epoch (no file, or a discarded one)
 
 	wmu sync.Mutex // serializes writers; held across the file write
+	// reserveEnd is the snapshot's next_id: ids in [nextID, reserveEnd)
+	// go to the journal, when journalOK (it is bound to the snapshot and
+	// ends with a whole line). Both under wmu.
+	reserveEnd uint32
+	journalOK  bool
 
 	mu     sync.RWMutex // guards the maps and nextID; writers also hold wmu
 	byID   map[uint32]NamespaceSpec
@@ -80,12 +110,14 @@ func OpenRegistry(stateDir string) (*Registry, error) {
 	}
 	r := &Registry{
 		path:   filepath.Join(stateDir, registryFile),
+		jpath:  filepath.Join(stateDir, journalFile),
 		byID:   map[uint32]NamespaceSpec{},
 		bySpec: map[NamespaceSpec]uint32{},
 		nextID: 1,
 	}
 	// Temp files left by a crash between create and rename are garbage.
-	if stale, _ := filepath.Glob(r.path + ".tmp-*"); len(stale) > 0 {
+	for _, p := range []string{r.path, r.jpath} {
+		stale, _ := filepath.Glob(p + ".tmp-*")
 		for _, p := range stale {
 			_ = os.Remove(p)
 		}
@@ -110,12 +142,103 @@ func OpenRegistry(stateDir string) (*Registry, error) {
 			"path", r.path, "moved_to", aside, "err", err)
 		return r.fresh()
 	}
-	r.epoch, r.nextID = doc.Epoch, doc.NextID
+	r.epoch, r.nextID, r.reserveEnd = doc.Epoch, doc.NextID, doc.NextID
 	for _, rec := range doc.Namespaces {
 		r.byID[rec.ID] = rec.Spec
 		r.bySpec[rec.Spec] = rec.ID
 	}
+	if err := r.replayJournal(); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// replayJournal adds the journal's namespaces to those of the snapshot just
+// loaded. A journal bound to another snapshot (one written before a
+// compaction, or by a kvtierd that knows none) is removed: what it held is
+// in the snapshot, or its ids lie below the snapshot's next_id and are
+// never handed out again. A torn or damaged line ends the replay, and the
+// ids after it are not handed out again either. A journal with entries is
+// folded into the snapshot at once. Only a journal that cannot be read, or
+// a stale one that cannot be removed, is an error.
+func (r *Registry) replayJournal() error {
+	data, err := os.ReadFile(r.jpath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("namespace registry journal: %w", err)
+	}
+	lines := bytes.Split(data, []byte{'\n'})
+	var h journalHeader
+	if decodeStrict(lines[0], &h) != nil || !r.binds(h) || len(lines) < 2 {
+		return r.dropJournal()
+	}
+	next, clean := h.FirstID, true
+	for i, line := range lines[1:] {
+		if i == len(lines)-2 && len(line) == 0 {
+			break // the newline ending the last line
+		}
+		var rec registryRecord
+		if decodeStrict(line, &rec) != nil || rec.ID != next || next >= r.reserveEnd || rec.Spec.Validate() != nil {
+			clean = false
+			break
+		}
+		if _, dup := r.bySpec[rec.Spec]; dup {
+			clean = false
+			break
+		}
+		r.byID[rec.ID], r.bySpec[rec.Spec] = rec.Spec, rec.ID
+		next++
+	}
+	if clean && next == h.FirstID {
+		r.nextID, r.journalOK = next, true // nothing to fold: append to it
+		return nil
+	}
+	if !clean {
+		next = r.reserveEnd
+	}
+	r.nextID = next
+	// Unfolded (a read-only state dir), the journal is only read: the next
+	// registration compacts, and fails as any write there would.
+	_ = r.compact(nil)
+	return nil
+}
+
+// binds reports whether a journal with header h extends the snapshot just
+// loaded.
+func (r *Registry) binds(h journalHeader) bool {
+	if h.Version != journalVersion || h.Epoch != r.epoch || h.NextID != r.reserveEnd || h.FirstID == 0 || h.FirstID > h.NextID {
+		return false
+	}
+	for id := range r.byID {
+		if id >= h.FirstID {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Registry) dropJournal() error {
+	r.journalOK = false
+	if err := os.Remove(r.jpath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("namespace registry: remove stale journal: %w", err)
+	}
+	return nil
+}
+
+// decodeStrict decodes one JSON value, refusing unknown fields and
+// anything after it.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data")
+	}
+	return nil
 }
 
 // fresh gives a new (or reset) registry a random epoch and persists it at
@@ -127,7 +250,11 @@ func (r *Registry) fresh() (*Registry, error) {
 	}
 	r.epoch = binary.LittleEndian.Uint64(b[:]) | 1 // never 0, so 0 can mean "unknown"
 	r.isNew = true
-	if err := r.persist(nil); err != nil {
+	r.reserveEnd = r.nextID
+	if err := r.persist(nil, r.nextID); err != nil {
+		return nil, err
+	}
+	if err := r.dropJournal(); err != nil { // another epoch's
 		return nil, err
 	}
 	return r, nil
@@ -226,7 +353,13 @@ func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 		return 0, errors.New("namespace ids exhausted")
 	}
 	// Persist before publishing: an id a client has seen must survive a crash.
-	if err := r.persist(&registryRecord{ID: id, Spec: spec}); err != nil {
+	rec := registryRecord{ID: id, Spec: spec}
+	if r.journalOK && id < r.reserveEnd {
+		if err := r.appendJournal(rec); err != nil {
+			r.journalOK = false // it may end in a torn line: compact next time
+			return 0, err
+		}
+	} else if err := r.compact(&rec); err != nil {
 		return 0, err
 	}
 	r.mu.Lock()
@@ -256,17 +389,70 @@ func (r *Registry) All() map[uint32]NamespaceSpec {
 	return out
 }
 
-// persist writes the current contents plus add (if not nil) atomically:
-// temp file, fsync, rename, fsync the directory so the rename itself is
-// durable. Caller holds wmu (or is the sole owner during Open).
-func (r *Registry) persist(add *registryRecord) error {
-	doc := registryDoc{Version: registryVersion, Epoch: r.epoch, NextID: r.nextID}
+// appendJournal appends rec to the journal and fsyncs it. Caller holds wmu.
+func (r *Registry) appendJournal(rec registryRecord) error {
+	line, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(r.jpath, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("namespace registry journal: %w", err)
+	}
+	_, err = f.Write(append(line, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("namespace registry journal: %w", err)
+	}
+	return nil
+}
+
+// compact writes the snapshot (the current contents plus add, if not nil)
+// with as many ids again set aside for a new, empty journal, whose ids
+// start after add's (or at nextID). Caller holds wmu (or is the sole owner
+// during Open).
+func (r *Registry) compact(add *registryRecord) error {
+	first := r.nextID
+	if add != nil {
+		first = add.ID + 1
+	}
+	end := uint32(min(uint64(first)+uint64(max(minJournalReserve, len(r.byID)+1)), maxNamespaceID+1))
+	r.journalOK = false
+	if err := r.persist(add, end); err != nil {
+		return err
+	}
+	r.reserveEnd = end
+	if first >= end {
+		return r.dropJournal()
+	}
+	h, err := json.Marshal(journalHeader{Version: journalVersion, Epoch: r.epoch, NextID: end, FirstID: first})
+	if err != nil {
+		return err
+	}
+	// Were this to fail, the snapshot alone is whole: the next
+	// registration compacts again.
+	if writeFileAtomic(r.jpath, append(h, '\n'), 0o640) == nil {
+		r.journalOK = true
+	}
+	return nil
+}
+
+// persist writes the current contents plus add (if not nil), with next_id
+// nextID, atomically: temp file, fsync, rename, fsync the directory so the
+// rename itself is durable. Caller holds wmu (or is the sole owner during
+// Open).
+func (r *Registry) persist(add *registryRecord, nextID uint32) error {
+	doc := registryDoc{Version: registryVersion, Epoch: r.epoch, NextID: nextID}
 	for id, s := range r.byID {
 		doc.Namespaces = append(doc.Namespaces, registryRecord{ID: id, Spec: s})
 	}
 	if add != nil {
 		doc.Namespaces = append(doc.Namespaces, *add)
-		doc.NextID = add.ID + 1
 	}
 	slices.SortFunc(doc.Namespaces, func(a, b registryRecord) int { return cmp.Compare(a.ID, b.ID) })
 	if doc.Namespaces == nil {

@@ -1,12 +1,14 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -34,15 +36,24 @@ var Version = "0.1.0-dev"
 // with demotions can hold for seconds.
 const handshakeTimeout = 2 * time.Second
 
+// adminIdle bounds the wait for an admin connection's next request: the
+// client library opens one per call, and one left open by a process that
+// forgot it must not keep its place under session.max_admin for good.
+const adminIdle = time.Minute
+
 // refuseLinger bounds how long a refused peer has to read the refusal and
 // hang up before the daemon closes the connection anyway.
 const refuseLinger = 500 * time.Millisecond
 
 // Daemon is a running kvtierd instance.
 type Daemon struct {
-	cfg   Config
-	log   *slog.Logger
-	start time.Time
+	cfg Config
+	log *slog.Logger
+	// peerLog is log for the lines peers cause, rate-limited per message
+	// (logging.go); sessions and connections log through loggers derived
+	// from it.
+	peerLog *slog.Logger
+	start   time.Time
 
 	lock  *os.File
 	arena *shm.Region
@@ -66,9 +77,13 @@ type Daemon struct {
 	mu       sync.Mutex
 	sessions map[uint64]*session
 	opening  int // sessions past the limit check, not yet in sessions
-	nextID   uint64
-	wg       sync.WaitGroup
-	closing  atomic.Bool
+	admins   int // admin connections welcomed and not yet ended
+	// adminIdle: how long an admin connection may wait between requests
+	// (the const adminIdle; tests shorten it before Run).
+	adminIdle time.Duration
+	nextID    uint64
+	wg        sync.WaitGroup
+	closing   atomic.Bool
 
 	loops       atomic.Int32 // ring loops running (one per session)
 	spinners    atomic.Int32 // ring loops currently spinning
@@ -114,10 +129,11 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now,
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now, adminIdle: adminIdle,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
+	d.peerLog = rateLimited(log, newLogLimiter())
 	d.procs.init()
-	d.quar = newQuarantine(log)
+	d.quar = newQuarantine(d.peerLog) // a line per session that ends holding reservations
 	if cfg.Metrics.Listen != "" {
 		d.metrics = newMetrics(d)
 	}
@@ -586,7 +602,7 @@ func (d *Daemon) answerOnSpare(ctx context.Context, c *net.UnixConn, spare *spar
 	if !d.authorized(c) {
 		return
 	}
-	d.log.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
+	d.peerLog.Warn("refusing a connection: out of file descriptors", "err", aerr, "fd_limit", fdLimit())
 	d.refuse(c, shm.CodeBusy, fmt.Sprintf("kvtierd is out of file descriptors (its limit is %d); try again later", fdLimit()))
 }
 
@@ -745,10 +761,10 @@ func (d *Daemon) allowed(c *net.UnixConn, cred *unix.Ucred, log *slog.Logger) bo
 func (d *Daemon) authorized(c *net.UnixConn) bool {
 	cred, err := peerCred(c)
 	if err != nil {
-		d.log.Warn("peer credentials unavailable; refusing", "err", err)
+		d.peerLog.Warn("peer credentials unavailable; refusing", "err", err)
 		return false
 	}
-	return d.allowed(c, cred, d.log.With("pid", cred.Pid, "uid", cred.Uid))
+	return d.allowed(c, cred, d.peerLog.With("pid", cred.Pid, "uid", cred.Uid))
 }
 
 // serveConn authenticates a connection, runs its handshake and then the
@@ -757,10 +773,10 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
 	cred, err := peerCred(c)
 	if err != nil {
-		d.log.Warn("peer credentials unavailable; refusing", "err", err)
+		d.peerLog.Warn("peer credentials unavailable; refusing", "err", err)
 		return
 	}
-	log := d.log.With("pid", cred.Pid, "uid", cred.Uid)
+	log := d.peerLog.With("pid", cred.Pid, "uid", cred.Uid)
 	if !d.allowed(c, cred, log) {
 		return
 	}
@@ -809,6 +825,13 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	// The peer has spoken: its deadline ends here. Our writes set their own.
 	c.SetReadDeadline(time.Time{})
 	if hello.Flags&shm.HelloFlagAdmin != 0 {
+		// Counted, or one process could open them until the daemon has
+		// no fd left for anyone's session.
+		if !d.takeAdmin() {
+			d.refuse(c, shm.CodeBusy, fmt.Sprintf("admin connection limit %d reached (session.max_admin); try again later", d.cfg.Session.MaxAdmin))
+			return
+		}
+		defer d.releaseAdmin()
 		d.serveAdmin(ctx, c, log)
 		return
 	}
@@ -818,6 +841,23 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	}
 	c.SetDeadline(time.Time{})
 	s.run()
+}
+
+// takeAdmin counts an admin connection in, reporting false at the limit.
+func (d *Daemon) takeAdmin() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.admins >= d.cfg.Session.MaxAdmin {
+		return false
+	}
+	d.admins++
+	return true
+}
+
+func (d *Daemon) releaseAdmin() {
+	d.mu.Lock()
+	d.admins--
+	d.mu.Unlock()
 }
 
 // serveAdmin answers control-only requests (status, evict) until the peer
@@ -840,6 +880,10 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 	defer stop()
 	buf := make([]byte, 4096)
 	for {
+		c.SetReadDeadline(time.Now().Add(d.adminIdle))
+		if ctx.Err() != nil {
+			return // the stop's deadline, which the line above may have moved
+		}
 		raw, _, err := shm.RecvMsg(c, buf, 0)
 		if err != nil {
 			return
@@ -883,7 +927,7 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		} else {
 			n = d.deleteNS(req.NamespaceID)
 		}
-		d.log.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
+		d.peerLog.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
 		b, _ := json.Marshal(map[string]int{"evicted": n})
 		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgEvictReply, shm.ProtocolVersion, b))
 	case shm.MsgFlushReq:
@@ -897,7 +941,7 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		fctx, cancel := context.WithTimeout(ctx, flushTimeout)
 		n, ferr := d.chain.Flush(fctx)
 		cancel()
-		d.log.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
+		d.peerLog.Info("host tier written down to nvme on request", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
 		reply := map[string]any{"blocks": n}
 		if ferr != nil { // partial: n blocks went down before it
 			reply["error"] = d.flushCutReason(ctx, ferr)
@@ -982,8 +1026,43 @@ func (d *Daemon) Stats() shm.Stats {
 		perNS[s.nsID]++
 	}
 	d.mu.Unlock()
-	for id, ns := range d.reg.All() {
-		st.Namespaces = append(st.Namespaces, shm.NamespaceStats{ID: id, Namespace: ns, Sessions: perNS[id]})
-	}
+	st.Namespaces, st.NamespacesTotal = listNamespaces(d.reg.All(), perNS)
 	return st
+}
+
+// statsNamespaceBytes bounds the JSON of the namespaces a status reply
+// lists. The reply is one SOCK_SEQPACKET message, which the socket's send
+// buffer caps (net.core.wmem_default, 208 KiB on most hosts), and a peer
+// registers namespaces at will, for good: listed whole, a few hundred with
+// long model ids made every status request fail.
+const statsNamespaceBytes = 64 << 10
+
+// listNamespaces lists the namespaces with sessions first, then the others
+// by id, up to statsNamespaceBytes of JSON, and returns them with how many
+// there are.
+func listNamespaces(all map[uint32]NamespaceSpec, sessions map[uint32]int) ([]shm.NamespaceStats, int) {
+	ids := slices.Collect(maps.Keys(all))
+	slices.SortFunc(ids, func(a, b uint32) int {
+		if ua, ub := sessions[a] > 0, sessions[b] > 0; ua != ub {
+			if ua {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a, b)
+	})
+	var out []shm.NamespaceStats
+	size := 0
+	for _, id := range ids {
+		ns := shm.NamespaceStats{ID: id, Namespace: all[id], Sessions: sessions[id]}
+		b, err := json.Marshal(ns)
+		if err != nil {
+			continue
+		}
+		if size += len(b) + 1; size > statsNamespaceBytes {
+			break
+		}
+		out = append(out, ns)
+	}
+	return out, len(all)
 }

@@ -147,7 +147,7 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 		sessions := len(d.sessions)
 		d.mu.Unlock()
 		err := fmt.Errorf("out of threads: %d sessions open, %s allows %d threads, %d kept in reserve", sessions, threadsWhat, threads, reserve)
-		log.Warn("session refused: " + err.Error())
+		log.Warn("session refused: out of threads", "err", err)
 		d.refuse(c, shm.CodeBusy, "kvtierd is "+err.Error()+"; try again later")
 		return nil, err
 	}

@@ -4,19 +4,23 @@ package shm
 // keeps the report extensible without a version bump; it is not on any hot
 // path.
 type Stats struct {
-	Version       string            `json:"version"`
-	PID           int               `json:"pid"`
-	UptimeSeconds float64           `json:"uptime_seconds"`
-	Socket        string            `json:"socket"`
-	StateDir      string            `json:"state_dir"`
-	Tiers         []TierStats       `json:"tiers"`
-	Sessions      int               `json:"sessions"`
-	SessionsTotal uint64            `json:"sessions_total"`
-	SessionsBad   uint64            `json:"sessions_closed_hostile"`
-	Namespaces    []NamespaceStats  `json:"namespaces"`
-	Ops           map[string]uint64 `json:"ops"`
-	Moves         []MoveStats       `json:"moves"`
-	ParkedBlocks  int               `json:"parked_blocks"`
+	Version       string      `json:"version"`
+	PID           int         `json:"pid"`
+	UptimeSeconds float64     `json:"uptime_seconds"`
+	Socket        string      `json:"socket"`
+	StateDir      string      `json:"state_dir"`
+	Tiers         []TierStats `json:"tiers"`
+	Sessions      int         `json:"sessions"`
+	SessionsTotal uint64      `json:"sessions_total"`
+	SessionsBad   uint64      `json:"sessions_closed_hostile"`
+	// Namespaces lists those with sessions first, then the others by id,
+	// as many as fit a bound of the reply's size; NamespacesTotal counts
+	// every registered one.
+	Namespaces      []NamespaceStats  `json:"namespaces"`
+	NamespacesTotal int               `json:"namespaces_total"`
+	Ops             map[string]uint64 `json:"ops"`
+	Moves           []MoveStats       `json:"moves"`
+	ParkedBlocks    int               `json:"parked_blocks"`
 	// EBPF says which eBPF probes run (program name → loaded).
 	EBPF map[string]bool `json:"ebpf,omitempty"`
 	// MemoryPressure is the host memory pressure controller's state.

@@ -94,6 +94,9 @@ func printStatus(w io.Writer, st *client.Stats) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		if more := st.NamespacesTotal - len(st.Namespaces); more > 0 {
+			fmt.Fprintf(w, "(%d more namespaces without sessions not listed)\n", more)
+		}
 	}
 
 	if len(st.Ops) > 0 {

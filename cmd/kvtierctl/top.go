@@ -129,7 +129,7 @@ func computeTopFrame(prev, cur *shm.Stats, dt time.Duration, at time.Time) topFr
 		Version: cur.Version, PID: cur.PID, UptimeSeconds: cur.UptimeSeconds, At: at,
 		ParkedBlocks: cur.ParkedBlocks,
 		Sessions: topSessions{Current: cur.Sessions, Total: cur.SessionsTotal, Hostile: cur.SessionsBad,
-			Namespaces: len(cur.Namespaces)},
+			Namespaces: max(len(cur.Namespaces), cur.NamespacesTotal)},
 	}
 	secs := dt.Seconds()
 	rates := prev != nil && secs > 0 && sameDaemon(prev, cur, dt)

@@ -1,0 +1,196 @@
+package daemon
+
+// Peers that make the daemon's state grow: namespaces, admin connections.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/shm"
+)
+
+// TestStatusWithManyNamespaces: every namespace a hello names is registered
+// for good (up to maxNamespaces), and the status reply listed them all in one
+// SOCK_SEQPACKET message, which the socket's send buffer caps (about 208 KiB
+// by default): a few hundred namespaces with long model ids and no operator
+// could read the status any more (kvtierctl status, top).
+func TestStatusWithManyNamespaces(t *testing.T) {
+	cfg := testConfig(t)
+	r := startDaemon(t, cfg, slog.New(slog.DiscardHandler))
+	// What a hello naming a new namespace does (rawOpen's handshakes would
+	// take seconds more and register the same).
+	const n = 600
+	for i := range n {
+		if _, err := r.d.reg.Register(rawNS(fmt.Sprintf("%s-%d", strings.Repeat("m", 240), i), 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A namespace in use is listed whatever else is registered.
+	p, code := rawOpen(t, cfg.Socket, rawNS("in-use", 4096))
+	if p == nil {
+		t.Fatalf("session refused: %d", code)
+	}
+	c := dialDaemon(t, cfg)
+	var st *client.Stats
+	// The session joins the daemon's table just after its Welcome.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if st, err = c.Stats(context.Background()); err != nil {
+			t.Fatalf("status with %d namespaces registered: %v", n+1, err)
+		}
+		if st.Sessions == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if st.NamespacesTotal != n+1 || len(st.Namespaces) >= n+1 {
+		t.Errorf("namespaces_total = %d, listed %d; want %d, fewer listed", st.NamespacesTotal, len(st.Namespaces), n+1)
+	}
+	if len(st.Namespaces) == 0 || st.Namespaces[0].Namespace.ModelID != "in-use" || st.Namespaces[0].Sessions != 1 {
+		t.Errorf("the namespace with a session is not listed first: %+v", st.Namespaces[:min(1, len(st.Namespaces))])
+	}
+	for i := 2; i < len(st.Namespaces); i++ {
+		if st.Namespaces[i].ID <= st.Namespaces[i-1].ID {
+			t.Fatalf("namespaces without sessions not in id order: %d after %d", st.Namespaces[i].ID, st.Namespaces[i-1].ID)
+		}
+	}
+}
+
+// rawAdmin opens an admin connection and returns it with the daemon's
+// answer: 0 for a Welcome, else the refusal's code.
+func rawAdmin(t *testing.T, socket string) (*net.UnixConn, shm.ErrCode) {
+	t.Helper()
+	c := rawDial(t, socket)
+	h := shm.Hello{Flags: shm.HelloFlagAdmin, Name: "raw-admin"}
+	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgHello, shm.ProtocolVersion, h.Encode())); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	raw, _, err := shm.RecvMsg(c, make([]byte, 4096), 0)
+	if err != nil {
+		t.Fatalf("admin hello: %v", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	typ, _, p, err := shm.DecodeMsg(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ == shm.MsgWelcome {
+		return c, 0
+	}
+	e, err := shm.DecodeError(p)
+	if typ != shm.MsgError || err != nil {
+		t.Fatalf("admin hello answered with message type %d (%v)", typ, err)
+	}
+	return c, e.Code
+}
+
+// TestAdminConnectionsBounded: an admin connection (status, evict, flush)
+// was counted against no limit and, once welcomed, could stay idle for as
+// long as its peer liked, each holding a goroutine and a file descriptor of
+// the daemon's: one local process could take every fd the daemon has, and
+// every other client's next session was refused.
+func TestAdminConnectionsBounded(t *testing.T) {
+	cfg := testConfig(t) // max_admin 64
+	startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) { d.adminIdle = 2 * time.Second })
+	const n = 200
+	t0 := time.Now()
+	var held []*net.UnixConn
+	busy := 0
+	for range n {
+		c, code := rawAdmin(t, cfg.Socket)
+		switch code {
+		case 0:
+			held = append(held, c)
+		case shm.CodeBusy:
+			busy++
+			c.Close()
+		default:
+			t.Fatalf("admin connection refused with code %d", code)
+		}
+	}
+	t.Logf("%d admin hellos in %v", n, time.Since(t0))
+	if len(held) > cfg.Session.MaxAdmin {
+		t.Fatalf("%d idle admin connections held at once (%d refused busy): admin connections are not limited", len(held), busy)
+	}
+	if len(held) != cfg.Session.MaxAdmin {
+		t.Fatalf("%d admin connections welcomed, want session.max_admin = %d", len(held), cfg.Session.MaxAdmin)
+	}
+	// Sessions are not admin connections: they still open.
+	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-after-admins", 4096)); p == nil {
+		t.Fatalf("session refused (%d) while admin connections are at their limit", code)
+	}
+	// The idle ones are closed, and their places taken again.
+	for i, c := range held {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := shm.RecvMsg(c, make([]byte, 4096), 0); !errors.Is(err, io.EOF) {
+			t.Fatalf("idle admin connection %d: read %v, want EOF (closed by the daemon)", i, err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, code := rawAdmin(t, cfg.Socket)
+		c.Close()
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin connection refused (%d) after the idle ones were closed", code)
+		}
+	}
+}
+
+// TestPeerCannotFloodTheLog: every refused handshake logged a warning, so a
+// local process connecting in a loop wrote the daemon's log as fast as it
+// could connect; journald then drops the whole service's lines past its rate
+// limit (10,000 per 30 s by default), the ones that matter with them.
+func TestPeerCannotFloodTheLog(t *testing.T) {
+	cfg := testConfig(t)
+	var logs syncBuffer
+	startDaemon(t, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	bad := func() {
+		c := rawDial(t, cfg.Socket)
+		defer c.Close()
+		// A stats request where the hello belongs.
+		if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgStatsReq, shm.ProtocolVersion, nil)); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := shm.RecvMsg(c, make([]byte, 4096), 0); err != nil {
+			t.Fatalf("refusal: %v", err)
+		}
+	}
+	const n = 2000
+	t0 := time.Now()
+	for range n {
+		bad()
+	}
+	took := time.Since(t0)
+	count := func(msg string) int { return strings.Count(logs.String(), `msg="`+msg+`"`) }
+	got := count("handshake failed")
+	t.Logf("%d bad handshakes in %v: %d lines logged", n, took, got)
+	if got == 0 || got > 40+int(took.Seconds()) {
+		t.Fatalf("%d bad handshakes in %v logged %d warnings, want a few (rate-limited)", n, took.Round(time.Millisecond), got)
+	}
+	// Other lines are not held back by that one's flood.
+	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-after-flood", 4096)); p == nil {
+		t.Fatalf("session refused: %d", code)
+	}
+	for deadline := time.Now().Add(5 * time.Second); count("session opened") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(`no "session opened" line after the flood of another message`)
+		}
+	}
+	// Once the rate allows it again, the line says how many it stood for.
+	time.Sleep(1100 * time.Millisecond)
+	bad()
+	if !strings.Contains(logs.String(), "suppressed=") {
+		t.Fatal("the next line after the flood does not say how many were suppressed")
+	}
+}
