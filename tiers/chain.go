@@ -702,7 +702,7 @@ func (c *Chain) Start(ctx context.Context) {
 
 // Wait blocks until the goroutines started by Start have exited. Demand
 // promotions still queued are failed; parked blocks not yet written down
-// stay in the host tier (Flush writes them).
+// stay in the host tier (Flush or FlushParked writes them).
 func (c *Chain) Wait() {
 	c.wg.Wait()
 	c.mu.Lock()
@@ -1397,10 +1397,35 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 // MB/s at 64 KiB, docs/benchmarks.md, "Batched NVMe writes"); a flush cut
 // short leaves the most recently used blocks unwritten.
 func (c *Chain) Flush(ctx context.Context) (int, error) {
+	return c.flush(ctx, nil)
+}
+
+// FlushParked is Flush of the parked blocks only. A stop without a
+// write-down of the host tier (nvme.flush_on_stop off) runs it after Wait:
+// blocks still queued for their write-through when the chain stopped, or
+// held for a retry, are left in the host tier, which does not outlive the
+// process, and parked requests are promised to survive.
+func (c *Chain) FlushParked(ctx context.Context) (int, error) {
+	return c.flush(ctx, c.isParked)
+}
+
+// flush is Flush of the blocks only selects (all if nil).
+func (c *Chain) flush(ctx context.Context, only func(Key) bool) (int, error) {
 	if c.NVMe == nil {
 		return 0, nil
 	}
 	hs := c.Host.PinAllOldestFirst()
+	if only != nil {
+		sel := hs[:0]
+		for _, hd := range hs {
+			if only(hd.Key) {
+				sel = append(sel, hd)
+			} else {
+				c.Host.Unpin(hd, false)
+			}
+		}
+		hs = sel
+	}
 	n := 0
 	var err error
 	for len(hs) > 0 {
