@@ -1330,7 +1330,8 @@ func (c *Chain) tooLarge(hd *Handle) bool { return hd.Size > c.NVMe.MaxBlockByte
 // writeDown makes sure NVMe holds a copy of each pinned block of run, with
 // one batched store call for those it lacks, and reports which do, how
 // many it wrote, and the copy time of each (its batch's time for a block
-// written now, 0 for a clean copy already below). A block too large for
+// written now, 0 for a clean copy already below or one deleted meanwhile,
+// which is left out and not counted). A block too large for
 // NVMe is not ok (and does not fail the rest of the batch). The caller
 // charges a block's copy time to swapOutNanos when it counts the block as
 // moved: a flush's copies move nothing.
@@ -1365,7 +1366,12 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 	// between, after its Delete returned (a Lookup hit, a put refused as a
 	// duplicate), and the removal took with it a newer generation that
 	// another writer stored meanwhile.
-	keep := func(j int) bool { return !c.Host.Deleted(run[idx[j]]) }
+	// Those left out are not counted as written (Flush reports the count).
+	left := make([]bool, len(keys))
+	keep := func(j int) bool {
+		left[j] = c.Host.Deleted(run[idx[j]])
+		return !left[j]
+	}
 	if err := c.NVMe.PutBatchIf(keys, blocks, keep); err != nil {
 		// Earlier chunks of the batch may be stored: those blocks count as
 		// not written now and find their clean copy at the next attempt.
@@ -1377,14 +1383,18 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 		return ok, 0, took
 	}
 	dt := time.Since(t0)
-	for _, i := range idx {
-		ok[i] = true
+	for j, i := range idx {
+		ok[i] = true // deleted meanwhile: nothing to keep in the host tier either
+		if left[j] {
+			continue
+		}
+		wrote++
 		took[i] = dt
 		if c.cfg.ObserveSwapOut != nil {
 			c.cfg.ObserveSwapOut(dt) // each block of the batch waited for all of it
 		}
 	}
-	return ok, len(keys), took
+	return ok, wrote, took
 }
 
 // Flush writes every host block that has no copy in NVMe down to NVMe (the
