@@ -80,7 +80,8 @@ type NVMeConfig struct {
 	Capacity ByteSize `toml:"capacity"`
 	// FlushOnStop writes the GPU-only blocks (through the host tier) and the
 	// host tier down to NVMe on SIGTERM so a restart or an upgrade keeps the
-	// cache warm.
+	// cache warm. Off, a stop still writes down the parked blocks not yet
+	// written through (parked requests survive a stop).
 	FlushOnStop bool `toml:"flush_on_stop"`
 	// StopBudgetSeconds bounds the stop: its write-down ends this long
 	// after SIGTERM at the latest, whatever the drain of the sessions

@@ -68,11 +68,13 @@ type Daemon struct {
 	// (the const deferredWait; tests shorten it before Run).
 	deferredWait time.Duration
 	// now is the stop budget's clock (time.Now; tests move it on), and
-	// testAfterDrain, when set, runs once the sessions have ended.
-	now            func() time.Time
-	testAfterDrain func()
-	reg            *Registry
-	ln             *net.UnixListener
+	// testAfterDrain, when set, runs once the sessions have ended, and
+	// testChainStopped once the tier chain's goroutines are told to stop.
+	now              func() time.Time
+	testAfterDrain   func()
+	testChainStopped func()
+	reg              *Registry
+	ln               *net.UnixListener
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
@@ -542,10 +544,26 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.quar.close(false) // a no-op after close(true) above
 	stopChain()
+	if d.testChainStopped != nil {
+		d.testChainStopped()
+	}
 	if d.gpus != nil {
 		d.gpus.Wait()
 	}
 	d.chain.Wait()
+	// Parked requests survive a stop whatever flush_on_stop says: those
+	// still queued for their write-through (or held for a retry) when the
+	// chain stopped are in the host tier only (after a full write-down,
+	// none are left to write).
+	if left := budget - d.now().Sub(stopAt); d.nvme != nil && left > 0 {
+		fctx, cancel := context.WithTimeout(context.Background(), left)
+		t0 := time.Now()
+		n, ferr := d.chain.FlushParked(fctx)
+		cancel()
+		if n > 0 || ferr != nil {
+			d.log.Info("parked blocks written down to nvme", "blocks", n, "took", time.Since(t0).Round(time.Millisecond), "err", ferr)
+		}
+	}
 	d.storeSnapshot() // the host tier's index, for a warm restart (warm.go)
 	d.log.Info("kvtierd stopped")
 	return err

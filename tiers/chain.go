@@ -702,7 +702,7 @@ func (c *Chain) Start(ctx context.Context) {
 
 // Wait blocks until the goroutines started by Start have exited. Demand
 // promotions still queued are failed; parked blocks not yet written down
-// stay in the host tier (Flush writes them).
+// stay in the host tier (Flush or FlushParked writes them).
 func (c *Chain) Wait() {
 	c.wg.Wait()
 	c.mu.Lock()
@@ -1330,7 +1330,8 @@ func (c *Chain) tooLarge(hd *Handle) bool { return hd.Size > c.NVMe.MaxBlockByte
 // writeDown makes sure NVMe holds a copy of each pinned block of run, with
 // one batched store call for those it lacks, and reports which do, how
 // many it wrote, and the copy time of each (its batch's time for a block
-// written now, 0 for a clean copy already below). A block too large for
+// written now, 0 for a clean copy already below or one deleted meanwhile,
+// which is left out and not counted). A block too large for
 // NVMe is not ok (and does not fail the rest of the batch). The caller
 // charges a block's copy time to swapOutNanos when it counts the block as
 // moved: a flush's copies move nothing.
@@ -1365,7 +1366,12 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 	// between, after its Delete returned (a Lookup hit, a put refused as a
 	// duplicate), and the removal took with it a newer generation that
 	// another writer stored meanwhile.
-	keep := func(j int) bool { return !c.Host.Deleted(run[idx[j]]) }
+	// Those left out are not counted as written (Flush reports the count).
+	left := make([]bool, len(keys))
+	keep := func(j int) bool {
+		left[j] = c.Host.Deleted(run[idx[j]])
+		return !left[j]
+	}
 	if err := c.NVMe.PutBatchIf(keys, blocks, keep); err != nil {
 		// Earlier chunks of the batch may be stored: those blocks count as
 		// not written now and find their clean copy at the next attempt.
@@ -1377,14 +1383,18 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 		return ok, 0, took
 	}
 	dt := time.Since(t0)
-	for _, i := range idx {
-		ok[i] = true
+	for j, i := range idx {
+		ok[i] = true // deleted meanwhile: nothing to keep in the host tier either
+		if left[j] {
+			continue
+		}
+		wrote++
 		took[i] = dt
 		if c.cfg.ObserveSwapOut != nil {
 			c.cfg.ObserveSwapOut(dt) // each block of the batch waited for all of it
 		}
 	}
-	return ok, len(keys), took
+	return ok, wrote, took
 }
 
 // Flush writes every host block that has no copy in NVMe down to NVMe (the
@@ -1397,10 +1407,35 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 // MB/s at 64 KiB, docs/benchmarks.md, "Batched NVMe writes"); a flush cut
 // short leaves the most recently used blocks unwritten.
 func (c *Chain) Flush(ctx context.Context) (int, error) {
+	return c.flush(ctx, nil)
+}
+
+// FlushParked is Flush of the parked blocks only. A stop without a
+// write-down of the host tier (nvme.flush_on_stop off) runs it after Wait:
+// blocks still queued for their write-through when the chain stopped, or
+// held for a retry, are left in the host tier, which does not outlive the
+// process, and parked requests are promised to survive.
+func (c *Chain) FlushParked(ctx context.Context) (int, error) {
+	return c.flush(ctx, c.isParked)
+}
+
+// flush is Flush of the blocks only selects (all if nil).
+func (c *Chain) flush(ctx context.Context, only func(Key) bool) (int, error) {
 	if c.NVMe == nil {
 		return 0, nil
 	}
 	hs := c.Host.PinAllOldestFirst()
+	if only != nil {
+		sel := hs[:0]
+		for _, hd := range hs {
+			if only(hd.Key) {
+				sel = append(sel, hd)
+			} else {
+				c.Host.Unpin(hd, false)
+			}
+		}
+		hs = sel
+	}
 	n := 0
 	var err error
 	for len(hs) > 0 {

@@ -92,10 +92,23 @@
 // ErrNoSpace when the filesystem cannot take the write-ahead log a crash
 // left to replay.
 //
-// If badger cannot open the directory (e.g. truncated MANIFEST) for a reason
-// other than permissions, a full or read-only disk, or a held lock, Open
-// renames it to Dir.corrupt-<unix seconds>, logs a warning, keeps only the
-// newest such directory, and starts empty.
+// If badger cannot open the directory (e.g. a MANIFEST that does not parse,
+// a damaged table) for a reason other than permissions, a full or read-only
+// disk, or a held lock, Open renames it to Dir.corrupt-<unix seconds>, logs
+// a warning, keeps only the newest such directory, and starts empty.
+//
+// A MANIFEST cut short or missing does parse, to an older list of tables,
+// and badger deletes the tables it does not list; reindex then removed the
+// segments no remaining record pointed into (the whole cache, silently).
+// Open moves such tables into Dir/unlisted before badger opens and then
+// checks them against the index: a block whose newest version there is a
+// record the index has nothing as new of is lost, and the directory, those
+// tables with it, is moved aside as above. A crash leaves unlisted tables
+// that lose nothing (a flush's output whose log badger replays, a
+// compaction's output or inputs); they are removed. One that cannot be
+// decoded counts as a write a crash cut short when badger's log was left
+// to replay, else as a loss (TestTruncatedManifestMovedAside,
+// TestCrashImageUnlistedTableOpensInPlace).
 //
 // # Recency after restart
 //

@@ -322,7 +322,8 @@ func badgerOptions(dir string, o Options, log *slog.Logger) badger.Options {
 // a full/read-only disk or a held lock, the directory is considered corrupt:
 // it is renamed to Dir.corrupt-<unix seconds> (older .corrupt-* siblings
 // are removed, the newest is kept for inspection), a warning is logged and
-// the store starts empty.
+// the store starts empty. So is a directory whose MANIFEST no longer lists
+// tables holding blocks (see the package doc).
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Dir == "" {
 		return nil, errors.New("nvme: Options.Dir is empty")
@@ -443,10 +444,27 @@ func (s *Store) openDB(dir string) (db *badger.DB, err error) {
 		return nil, err
 	}
 	bo := badgerOptions(dir, s.opts, s.log)
-	if err := checkTables(dir, bo); err != nil {
+	listed, err := checkTables(dir, bo)
+	if err != nil {
 		return nil, err
 	}
-	return badger.Open(bo)
+	// Badger's log of a store not closed: a crash may have left tables
+	// the MANIFEST does not list, harmlessly (checkUnlisted).
+	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if listed != nil {
+		if err := setAsideUnlisted(dir, listed); err != nil {
+			return nil, fmt.Errorf("setting aside the tables the MANIFEST does not list: %w", err)
+		}
+	}
+	db, err = badger.Open(bo)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkUnlisted(dir, db, bo, len(mems) > 0, s.log); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
 }
 
 // dropOldFormat empties a directory written by the format-1 store (blocks
