@@ -1435,6 +1435,23 @@ func (c *Chain) flush(ctx context.Context, only func(Key) bool) (int, error) {
 			}
 		}
 		hs = sel
+	} else {
+		// Parked blocks still in the host tier first: they are promised
+		// to survive, and a flush cut short (the stop's budget) leaves its
+		// tail unwritten. Their place in NVMe's recency order does not
+		// matter: it never evicts them.
+		sorted := make([]*Handle, 0, len(hs))
+		for _, hd := range hs {
+			if c.isParked(hd.Key) {
+				sorted = append(sorted, hd)
+			}
+		}
+		for _, hd := range hs {
+			if !c.isParked(hd.Key) {
+				sorted = append(sorted, hd)
+			}
+		}
+		hs = sorted
 	}
 	n := 0
 	var err error
