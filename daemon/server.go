@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -778,6 +779,12 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 		// The shutdown cut the wait, not the peer: refused for the
 		// shutdown (not counted), as a peer that connects after it.
 		d.refuse(c, shm.CodeShutdown, "kvtierd is shutting down")
+		return
+	}
+	if errors.Is(err, io.EOF) {
+		// Hung up without a word (a probe of the socket, a client killed
+		// while dialling): nobody to refuse, and not a refusal to count.
+		log.Debug("peer hung up before its hello")
 		return
 	}
 	if err != nil {
