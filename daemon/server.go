@@ -848,6 +848,10 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 	buf := make([]byte, 4096)
 	for {
 		raw, _, err := shm.RecvMsg(c, buf, 0)
+		if errors.Is(err, shm.ErrMalformed) || errors.Is(err, shm.ErrTooManyFDs) {
+			log.Warn("closing admin connection", "reason", err) // any fds were closed
+			return
+		}
 		if err != nil {
 			return
 		}
