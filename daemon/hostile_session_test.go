@@ -3,10 +3,12 @@ package daemon
 // A hostile session peer on a raw socket and a raw ring.
 
 import (
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -216,5 +218,67 @@ func TestSleepingLoopsDoNotSpin(t *testing.T) {
 	if avg := float64(sum) / samples; avg > 0.5 {
 		t.Fatalf("3 idle sessions asleep on their doorbells: spinners = %.2f on average, want ~0; "+
 			"spinLimit is %d, so no loop may spin any more", avg, r.d.spinLimit(false))
+	}
+}
+
+// TestBadControlMessageCountedHostile: a session peer that sends fds
+// (SCM_RIGHTS), more control data than fits (MSG_CTRUNC) or a datagram
+// larger than a control message (MSG_TRUNC) on its socket breaks the
+// protocol. The session was closed as if the peer had hung up: not counted
+// in sessions_closed_hostile, no reason logged. The fds it passed must be
+// closed, not kept: a pipe whose write end was sent reads EOF only once
+// every copy is closed.
+func TestBadControlMessageCountedHostile(t *testing.T) {
+	cfg := testConfig(t)
+	logs := &syncBuffer{}
+	r := startDaemon(t, cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	stats := shm.EncodeMsg(shm.MsgStatsReq, shm.ProtocolVersion, nil)
+	for i, tc := range []struct {
+		name   string
+		msg    []byte
+		fds    int // copies of a pipe's write end attached
+		reason string
+	}{
+		{"fd attached", stats, 1, "unexpected file descriptors"},
+		{"control data truncated", stats, 64, "control data truncated"},
+		{"datagram truncated", make([]byte, 3*shm.MaxHelloSize), 0, "message larger than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, code := rawOpen(t, cfg.Socket, rawNS("raw-cmsg", 4096))
+			if p == nil {
+				t.Fatalf("refused: %d", code)
+			}
+			bad := r.d.sessionsBad.Load()
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			fds := make([]int, tc.fds)
+			for j := range fds {
+				fds[j] = int(pw.Fd())
+			}
+			err = shm.SendMsg(p.conn, tc.msg, fds...)
+			pw.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The daemon counts the session before it closes the socket.
+			p.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if n, err := p.conn.Read(make([]byte, 64)); n != 0 || err == nil {
+				t.Fatalf("session socket still open: read %d bytes, %v", n, err)
+			}
+			if got := r.d.sessionsBad.Load() - bad; got != 1 {
+				t.Errorf("sessions closed as hostile rose by %d, want 1", got)
+			}
+			pr.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := pr.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Errorf("the pipe's write end is still open after the session closed (read %d, %v): the daemon kept a passed fd", n, err)
+			}
+			if want := "closing session: peer broke the protocol"; strings.Count(logs.String(), want) != i+1 ||
+				!strings.Contains(logs.String(), tc.reason) {
+				t.Errorf("log does not say why (want %q with %q):\n%s", want, tc.reason, logs.String())
+			}
+		})
 	}
 }

@@ -355,3 +355,75 @@ func startTruthDaemon(t *testing.T, nvmeOn bool) *metricsDaemon {
 	t.Setenv(cudaipc.EnvEmulatedGPUs, "")
 	return startMetricsDaemon(t, nvmeOn)
 }
+
+// TestPeerHangingUpBeforeHelloNotCounted: a peer that connects and hangs up
+// without a word (a health check probing the socket, a client killed while
+// dialling) was refused as a bad handshake ("EOF") and counted in
+// kvtier_errors_total{kind="refused_connection"}, an alerting metric meant
+// for refusals. A hello that is malformed is still counted.
+func TestPeerHangingUpBeforeHelloNotCounted(t *testing.T) {
+	md := startTruthDaemon(t, false)
+	// handled waits until every connection made so far has been served: an
+	// admin handshake after them is answered only once the accept loop
+	// took them (it accepts in order), then no serveConn may be left.
+	handled := func() {
+		t.Helper()
+		admin, err := net.Dial("unixpacket", md.cfg.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := shm.Hello{PID: uint32(os.Getpid()), Flags: shm.HelloFlagAdmin, Name: "probe"}
+		if _, err := admin.Write(shm.EncodeMsg(shm.MsgHello, shm.ProtocolVersion, h.Encode())); err != nil {
+			t.Fatal(err)
+		}
+		admin.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 1<<20)
+		n, err := admin.Read(buf)
+		admin.Close()
+		if typ, _, _, derr := shm.DecodeMsg(buf[:n]); err != nil || derr != nil || typ != shm.MsgWelcome {
+			t.Fatalf("admin handshake: type %d, %v, %v", typ, err, derr)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "daemon.(*Daemon).serveConn") {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the daemon still serves a connection after 10s")
+			}
+		}
+	}
+	for range 3 {
+		raw, err := net.Dial("unixpacket", md.cfg.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw.Close()
+	}
+	handled()
+	if v := md.d.metrics.refused.Load(); v != 0 {
+		t.Errorf("refused_connection = %d after 3 peers hung up before their hello, want 0", v)
+	}
+	// A peer that speaks, wrongly, is still a refusal.
+	raw, err := net.Dial("unixpacket", md.cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write([]byte("not a hello")); err != nil {
+		t.Fatal(err)
+	}
+	raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 4096)
+	n, err := raw.Read(buf)
+	if err != nil {
+		t.Fatalf("no refusal of a malformed hello: %v", err)
+	}
+	raw.Close()
+	handled()
+	if typ, _, _, err := shm.DecodeMsg(buf[:n]); err != nil || typ != shm.MsgError {
+		t.Fatalf("reply to a malformed hello: type %d, %v; want an error message", typ, err)
+	}
+	if v := md.d.metrics.refused.Load(); v != 1 {
+		t.Errorf("refused_connection = %d after a malformed hello, want 1", v)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -814,6 +815,12 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 		d.refuse(c, shm.CodeShutdown, "kvtierd is shutting down")
 		return
 	}
+	if errors.Is(err, io.EOF) {
+		// Hung up without a word (a probe of the socket, a client killed
+		// while dialling): nobody to refuse, and not a refusal to count.
+		log.Debug("peer hung up before its hello")
+		return
+	}
 	if err != nil {
 		log.Warn("handshake failed", "err", err)
 		d.refuse(c, shm.CodeBadRequest, fmt.Sprintf("bad handshake: %v", err))
@@ -903,6 +910,10 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 			return // the stop's deadline, which the line above may have moved
 		}
 		raw, _, err := shm.RecvMsg(c, buf, 0)
+		if errors.Is(err, shm.ErrMalformed) || errors.Is(err, shm.ErrTooManyFDs) {
+			log.Warn("closing admin connection", "reason", err) // any fds were closed
+			return
+		}
 		if err != nil {
 			return
 		}

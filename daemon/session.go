@@ -56,9 +56,9 @@ type session struct {
 	// ring region, whose doorbell it would write.
 	ringMu   sync.RWMutex
 	unmapped bool
-	// badControl: readControl closed the session for a malformed control
+	// badControl: why readControl closed the session for a malformed control
 	// message (counted as hostile, like a ring protocol violation).
-	badControl atomic.Bool
+	badControl atomic.Pointer[error]
 
 	// Owned by the ring loop goroutine alone.
 	nextToken uint64
@@ -303,8 +303,8 @@ func (s *session) run() {
 	s.d.loops.Add(-1)
 	t0 := time.Now()
 	s.teardown()
-	if errors.Is(err, errStopped) && s.badControl.Load() {
-		err = errors.New("malformed control message on the session socket")
+	if bad := s.badControl.Load(); errors.Is(err, errStopped) && bad != nil {
+		err = *bad
 	}
 	switch {
 	case errors.Is(err, errStopped):
@@ -342,15 +342,24 @@ func (s *session) readControl() {
 		case <-ctx.Done():
 		}
 	}()
+	// Stored before the deferred stop: run reads it after the loop ends.
+	bad := func(err error) { s.badControl.Store(&err) }
 	buf := make([]byte, 4096)
 	for {
 		raw, _, err := shm.RecvMsg(s.conn, buf, 0)
+		if errors.Is(err, shm.ErrMalformed) || errors.Is(err, shm.ErrTooManyFDs) {
+			// Passed fds, control data cut short (more fds than the
+			// buffer holds) or a datagram larger than any request: a
+			// peer breaking the protocol, not one hanging up. RecvMsg
+			// closed whatever fds it was given.
+			bad(fmt.Errorf("control message on the session socket: %w", err))
+			return
+		}
 		if err != nil {
 			return
 		}
 		if err := s.d.control(ctx, s.conn, raw); err != nil {
-			s.log.Warn("bad control message; closing session", "reason", err)
-			s.badControl.Store(true) // before stop: run reads it after the loop ends
+			bad(fmt.Errorf("control message on the session socket: %w", err))
 			return
 		}
 	}

@@ -64,7 +64,13 @@ func RecvMsg(c *net.UnixConn, buf []byte, maxFDs int) ([]byte, []int, error) {
 		_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
 		return nil, nil, fmt.Errorf("%w: the fds sent with a message were dropped: this process is out of file descriptors (its limit is %d)", unix.EMFILE, lim.Cur)
 	}
-	if flags&unix.MSG_CTRUNC != 0 || len(fds) > maxFDs {
+	if flags&unix.MSG_CTRUNC != 0 {
+		// The kernel closed the fds that did not fit; len(fds) is only
+		// those that did.
+		closeAll()
+		return nil, nil, fmt.Errorf("%w: control data truncated (more than %d fds, at most %d allowed)", ErrTooManyFDs, len(fds), maxFDs)
+	}
+	if len(fds) > maxFDs {
 		closeAll()
 		return nil, nil, fmt.Errorf("%w: got %d fds, at most %d allowed", ErrTooManyFDs, len(fds), maxFDs)
 	}
