@@ -393,8 +393,8 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)
 	}
-	var st Stats
-	if err := json.Unmarshal(p, &st); err != nil {
+	st, err := shm.DecodeStats(p)
+	if err != nil {
 		return nil, fmt.Errorf("stats: decode reply: %w", err)
 	}
 	return &st, nil

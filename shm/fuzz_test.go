@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"testing"
 )
@@ -160,6 +161,46 @@ func FuzzDecodeEvictReq(f *testing.F) {
 		}
 		if re := m.Encode(); !bytes.Equal(re, p) {
 			t.Fatalf("re-encoding differs")
+		}
+	})
+}
+
+// FuzzDecodeStats: a stats reply that decodes lists no more namespaces
+// than it counts, and decodes to the same report once re-encoded.
+func FuzzDecodeStats(f *testing.F) {
+	valid, err := json.Marshal(Stats{Version: "v", Tiers: []TierStats{{Name: "host"}}, Ops: map[string]uint64{"get": 1},
+		Namespaces: []NamespaceStats{{ID: 1, Namespace: Namespace{ModelID: "m"}}, {ID: 2}}, NamespacesTotal: 5})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(valid)
+	f.Add(valid[:len(valid)/2])
+	f.Add([]byte(`{"namespaces":[{"id":1}]}`))
+	f.Add([]byte(`{"namespaces":[{"id":1},{"id":2}],"namespaces_total":1}`))
+	f.Add([]byte(`{"namespaces_total":-1}`))
+	f.Add([]byte(`{"namespaces_total":4294967296}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, p []byte) {
+		st, err := DecodeStats(p)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if st.NamespacesTotal < len(st.Namespaces) {
+			t.Fatalf("%d namespaces listed, %d counted", len(st.Namespaces), st.NamespacesTotal)
+		}
+		b, err := json.Marshal(st)
+		if err != nil {
+			return // e.g. a NaN float cannot be re-encoded; it was decoded from JSON, so unlikely
+		}
+		again, err := DecodeStats(b)
+		if err != nil && len(b) <= MaxControlMsg {
+			t.Fatalf("a decoded report re-encoded does not decode: %v", err)
+		}
+		if err == nil && (again.NamespacesTotal != st.NamespacesTotal || len(again.Namespaces) != len(st.Namespaces)) {
+			t.Fatalf("re-encoded: %d of %d namespaces, was %d of %d", len(again.Namespaces), again.NamespacesTotal, len(st.Namespaces), st.NamespacesTotal)
 		}
 	})
 }

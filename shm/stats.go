@@ -1,5 +1,11 @@
 package shm
 
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+)
+
 // Stats is the daemon's status report, sent as JSON in MsgStatsReply. JSON
 // keeps the report extensible without a version bump; it is not on any hot
 // path.
@@ -87,4 +93,26 @@ type NamespaceStats struct {
 	ID        uint32    `json:"id"`
 	Namespace Namespace `json:"namespace"`
 	Sessions  int       `json:"sessions"`
+}
+
+// DecodeStats parses a MsgStatsReply payload: bounded as any control
+// message, with counts no daemon sends refused. A daemon older than
+// namespaces_total sends none: it listed every namespace, so the list's
+// length is the total.
+func DecodeStats(p []byte) (Stats, error) {
+	var st Stats
+	if len(p) > MaxControlMsg {
+		return Stats{}, fmt.Errorf("%w: stats: %d bytes, more than a control message's %d", ErrMalformed, len(p), MaxControlMsg)
+	}
+	if err := json.Unmarshal(p, &st); err != nil {
+		return Stats{}, fmt.Errorf("%w: stats: %v", ErrMalformed, err)
+	}
+	switch {
+	case st.NamespacesTotal == 0:
+		st.NamespacesTotal = len(st.Namespaces)
+	case st.NamespacesTotal < len(st.Namespaces) || int64(st.NamespacesTotal) > math.MaxUint32:
+		// Namespace ids are uint32: there cannot be more.
+		return Stats{}, fmt.Errorf("%w: stats: namespaces_total %d with %d listed", ErrMalformed, st.NamespacesTotal, len(st.Namespaces))
+	}
+	return st, nil
 }
