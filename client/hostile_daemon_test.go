@@ -55,18 +55,22 @@ func (f *fakeDaemon) dropConns() {
 	}
 }
 
-func sealedMemfd(t *testing.T, name string, size int64) int {
+// sealedMemfd makes the fake's arena. It runs on the fake's goroutine,
+// where t.Fatal must not be called: errors are returned.
+func sealedMemfd(name string, size int64) (int, error) {
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		t.Fatal(err)
+		return -1, err
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
-		t.Fatal(err)
+		unix.Close(fd)
+		return -1, err
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shm.RequiredSeals); err != nil {
-		t.Fatal(err)
+		unix.Close(fd)
+		return -1, err
 	}
-	return fd
+	return fd, nil
 }
 
 func newFakeDaemon(t *testing.T, layout shm.RingLayout) *fakeDaemon {
@@ -138,7 +142,11 @@ func (f *fakeDaemon) accept() {
 			*ch <- struct{}{}
 			continue
 		}
-		afd := sealedMemfd(f.t, "fake-arena", f.arena)
+		afd, err := sealedMemfd("fake-arena", f.arena)
+		if err != nil {
+			f.t.Error(err)
+			return
+		}
 		reg, err := shm.CreateRegion("fake-ring", f.layout.Size(), false)
 		if err != nil {
 			f.t.Error(err)
@@ -181,8 +189,20 @@ func (f *fakeDaemon) open(t *testing.T) (*client.Client, *client.Session, *shm.R
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, s, <-f.sess
+	select {
+	case r := <-f.sess:
+		return c, s, r
+	case <-time.After(fakeBound):
+		t.Fatalf("the fake daemon welcomed a session but handed the test no ring in %v", fakeBound)
+		return nil, nil, nil
+	}
 }
+
+// fakeBound bounds every wait of a test on the fake daemon, and every call
+// the fake answers from a goroutine (which may fail and answer nothing): a
+// failure then ends its test with a message instead of hanging the package
+// until go test's timeout kills it without one.
+const fakeBound = 30 * time.Second
 
 // popN waits (up to 5s) for n submissions on the daemon side.
 func popN(t *testing.T, r *shm.Ring, n int) []shm.SQE {
@@ -345,7 +365,9 @@ func TestAcquireBatchReleasesLaterLeases(t *testing.T) {
 		}
 	}()
 	hs := client.ChainHashes(client.Hash{}, tokens(32, 8), 16)
-	if _, err := s.AcquireBatch(context.Background(), hs); err == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), fakeBound)
+	defer cancel()
+	if _, err := s.AcquireBatch(ctx, hs); err == nil {
 		t.Fatal("acquire batch with an internal error succeeded")
 	}
 	got := false
@@ -378,7 +400,9 @@ func TestBadSlotOffsetUnmapsArena(t *testing.T) {
 		})
 	}()
 	hs := client.ChainHashes(client.Hash{}, tokens(32, 9), 16)
-	if _, err := s.ReserveBatch(context.Background(), hs); err == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), fakeBound)
+	defer cancel()
+	if _, err := s.ReserveBatch(ctx, hs); err == nil {
 		t.Fatal("reserve with an out-of-range slot succeeded")
 	}
 	s.Close()
