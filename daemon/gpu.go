@@ -92,6 +92,27 @@ func (d *Daemon) deleteNS(ns uint32) int {
 	return del(ns) + del(ns|tiers.ParkedNS)
 }
 
+// dropInUse removes from ids every namespace in use: with a session open,
+// or a block in any tier (GPU, host with its reservations, quarantined
+// ones included, NVMe, parked, in flight between them). The full registry
+// reclaims the rest (Registry.setReclaim). Sessions first: a namespace
+// with none gets no new block but by moves down the tiers, which each
+// walk below sees (Chain.Namespaces). A session still being opened is not
+// listed yet; the registry's grace period covers it.
+func (d *Daemon) dropInUse(ids map[uint32]struct{}) {
+	d.mu.Lock()
+	for _, s := range d.sessions {
+		delete(ids, s.nsID)
+	}
+	d.mu.Unlock()
+	drop := func(ns uint32) { delete(ids, ns&^tiers.ParkedNS) }
+	if d.gpus != nil {
+		d.gpus.Namespaces(drop)
+	} else {
+		d.chain.Namespaces(drop)
+	}
+}
+
 // tierOf is the wire tier of a handle held by a session.
 func (d *Daemon) tierOf(hd *tiers.Handle) shm.Tier {
 	if hd.Owner() != d.host {

@@ -241,6 +241,7 @@ var (
 	descSessionsOpen = desc("sessions_opened_total", "Sessions opened since start.")
 	descParked       = desc("parked_blocks", "Blocks of parked (swapped-out) requests held by the daemon.")
 	descParkExpired  = desc("parked_expired_total", "Parked blocks deleted because their TTL passed.")
+	descNSReclaimed  = desc("namespaces_reclaimed_total", "Idle namespaces (no session, no block in any tier, not registered for 10 minutes) the full namespace registry forgot to admit new ones.")
 	descErrors       = desc("errors_total", "Errors by kind: hostile_session, checksum_miss, demote, promote, park, policy_event_drop, refused_connection.", "kind")
 
 	descGPULeased     = desc("gpu_leased_blocks", "GPU arena blocks with at least one lease (leased blocks are never demoted or migrated).", "tier")
@@ -272,7 +273,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHits, descTierMisses, descTierBytes, descTierBlocks, descTierCapacity, descTierEvictions,
 		descHostReserved, descHostLeased, descHostCompactions,
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused, descOversize,
-		descSessions, descSessionsOpen, descParked, descParkExpired, descErrors,
+		descSessions, descSessionsOpen, descParked, descParkExpired, descNSReclaimed, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
 		descQuarantined, descQuarantTotal,
 		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeReads, descNVMeNoSpace, descNVMeGC,
@@ -373,6 +374,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descQuarantined, float64(d.quar.blocks.Load()))
 	counter(descQuarantTotal, d.quar.total.Load())
 	counter(descSessionsOpen, d.sessionsTotal.Load())
+	counter(descNSReclaimed, d.reg.Reclaimed())
 
 	var refused uint64
 	if d.metrics != nil {

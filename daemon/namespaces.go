@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvtier/kvtier/shm"
@@ -26,8 +28,22 @@ import (
 type NamespaceSpec = shm.Namespace
 
 // maxNamespaces bounds the registry; real hosts have a handful of models x
-// TP ranks.
+// TP ranks. A full registry reclaims idle namespaces (see Registry).
 const maxNamespaces = 1 << 16
+
+// reclaimGrace is how long a namespace must have gone without a Register
+// before a full registry may reclaim it. It covers the window between
+// Register returning an id and the session being listed (a handshake,
+// bounded by seconds), which the daemon's check cannot see.
+const reclaimGrace = 10 * time.Minute
+
+// reclaimEvery spaces the reclaim passes of a full registry: each walks
+// every tier's index (O(blocks)) and rewrites the snapshot, and a peer
+// naming new namespaces at will must not make it do so at will.
+const reclaimEvery = 10 * time.Second
+
+// reclaiming marks, in Registry.used, an id a reclaim is taking out.
+const reclaiming = math.MinInt64
 
 // minJournalReserve is the fewest ids a compaction sets aside for the
 // journal (see Registry).
@@ -80,6 +96,19 @@ type journalHeader struct {
 // O(1) bytes amortized. The snapshot's next_id is the end of the ids set
 // aside for the journal: a kvtierd that knows no journal reads a valid
 // registry that never hands out an id the journal may have used.
+//
+// The registry holds at most maxNamespaces. Any allowed process can name
+// that many (random model ids, a buggy engine), so a Register that finds it
+// full reclaims the namespaces that are idle: not registered for
+// reclaimGrace, and with no session and no block in any tier, as the
+// daemon's inUse check says (setReclaim). It reclaims all of them in one
+// pass, at most one pass per reclaimEvery, and compacts the snapshot
+// without them; if none is idle the new namespace is refused. Ids are
+// never reused (nextID only grows, and the id space is 32,768 times
+// maxNamespaces), so anything still naming a reclaimed id (a block that
+// raced the check) can never name another model: it is never served, and
+// goes as its tier evicts it (a warm restart drops it as unknown). A
+// reclaimed spec that comes back gets a new id.
 type Registry struct {
 	path  string
 	jpath string
@@ -97,6 +126,26 @@ type Registry struct {
 	byID   map[uint32]NamespaceSpec
 	bySpec map[NamespaceSpec]uint32
 	nextID uint32
+
+	// used (the map under mu, as byID) holds each id's last Register, in
+	// nanoseconds since t0 on the now clock, or reclaiming while a reclaim
+	// takes the id out: a Register of the spec that sees reclaiming waits
+	// for the reclaim (wmu) rather than return an id it is reclaiming, and
+	// a reclaim skips an id whose stamp moved since it looked (CAS).
+	used map[uint32]*atomic.Int64
+	t0   time.Time
+
+	// Reclaim (under wmu): inUse removes from ids every namespace in use;
+	// nil (a registry without a daemon) never reclaims. nextReclaim is the
+	// stamp before which no reclaim pass runs again.
+	inUse        func(ids map[uint32]struct{})
+	log          *slog.Logger
+	nextReclaim  int64
+	grace, every time.Duration // reclaimGrace, reclaimEvery; tests change them
+	reclaimed    atomic.Uint64 // namespaces reclaimed since Open
+
+	limit int              // maxNamespaces; tests lower it
+	now   func() time.Time // time.Now; tests move it on
 }
 
 // OpenRegistry loads (or starts) the registry in stateDir, creating the
@@ -114,6 +163,15 @@ func OpenRegistry(stateDir string) (*Registry, error) {
 		byID:   map[uint32]NamespaceSpec{},
 		bySpec: map[NamespaceSpec]uint32{},
 		nextID: 1,
+		used:   map[uint32]*atomic.Int64{},
+		t0:     time.Now(),
+		log:    slog.Default(),
+		// The first pass runs whenever the registry is first full.
+		nextReclaim: math.MinInt64,
+		grace:       reclaimGrace,
+		every:       reclaimEvery,
+		limit:       maxNamespaces,
+		now:         time.Now,
 	}
 	// Temp files left by a crash between create and rename are garbage.
 	for _, p := range []string{r.path, r.jpath} {
@@ -149,6 +207,11 @@ func OpenRegistry(stateDir string) (*Registry, error) {
 	}
 	if err := r.replayJournal(); err != nil {
 		return nil, err
+	}
+	// Loaded namespaces count as used at Open: their sessions come back
+	// after a restart, and none has been seen yet.
+	for id := range r.byID {
+		r.used[id] = new(atomic.Int64)
 	}
 	return r, nil
 }
@@ -201,7 +264,7 @@ func (r *Registry) replayJournal() error {
 	r.nextID = next
 	// Unfolded (a read-only state dir), the journal is only read: the next
 	// registration compacts, and fails as any write there would.
-	_ = r.compact(nil)
+	_ = r.compact(nil, nil)
 	return nil
 }
 
@@ -251,7 +314,7 @@ func (r *Registry) fresh() (*Registry, error) {
 	r.epoch = binary.LittleEndian.Uint64(b[:]) | 1 // never 0, so 0 can mean "unknown"
 	r.isNew = true
 	r.reserveEnd = r.nextID
-	if err := r.persist(nil, r.nextID); err != nil {
+	if err := r.persist(nil, nil, r.nextID); err != nil {
 		return nil, err
 	}
 	if err := r.dropJournal(); err != nil { // another epoch's
@@ -327,48 +390,155 @@ func (r *Registry) NewEpoch() bool { return r.isNew }
 
 // Register returns the id of spec, assigning and durably persisting a new
 // one if it is unknown. The same spec always gets the same id, across
-// restarts too.
+// restarts too, unless it was reclaimed meanwhile (see Registry). Every
+// call marks the namespace used.
 func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 	if err := spec.Validate(); err != nil {
 		return 0, err
 	}
 	r.mu.RLock()
 	id, ok := r.bySpec[spec]
+	u := r.used[id]
 	r.mu.RUnlock()
-	if ok {
+	if ok && r.touch(u) {
 		return id, nil
 	}
 
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
-	// Maps change only under wmu, so they can be read here without mu.
+	// Maps change only under wmu, so they can be read here without mu,
+	// and no reclaim is under way.
 	if id, ok := r.bySpec[spec]; ok {
+		r.touch(r.used[id])
 		return id, nil // registered while we waited
 	}
-	if len(r.byID) >= maxNamespaces {
-		return 0, fmt.Errorf("namespace registry full (%d namespaces)", maxNamespaces)
+	var drop map[uint32]int64
+	if len(r.byID) >= r.limit {
+		var wait time.Duration
+		drop, wait = r.takeIdle()
+		switch {
+		case len(drop) > 0:
+		case r.inUse == nil:
+			return 0, fmt.Errorf("namespace registry full (%d namespaces)", r.limit)
+		case wait > 0:
+			return 0, fmt.Errorf("namespace registry full (%d namespaces; next reclaim of idle ones in %s)", r.limit, wait.Round(time.Second))
+		default:
+			return 0, fmt.Errorf("namespace registry full (%d namespaces, none idle: each has a session, a block in a tier, or was used in the last %s)", r.limit, r.grace)
+		}
 	}
 	id = r.nextID
 	if id == 0 || id > maxNamespaceID {
+		r.giveBack(drop)
 		return 0, errors.New("namespace ids exhausted")
 	}
 	// Persist before publishing: an id a client has seen must survive a crash.
 	rec := registryRecord{ID: id, Spec: spec}
-	if r.journalOK && id < r.reserveEnd {
+	if len(drop) == 0 && r.journalOK && id < r.reserveEnd {
 		if err := r.appendJournal(rec); err != nil {
 			r.journalOK = false // it may end in a torn line: compact next time
 			return 0, err
 		}
-	} else if err := r.compact(&rec); err != nil {
+	} else if err := r.compact(&rec, drop); err != nil {
+		r.giveBack(drop)
 		return 0, err
 	}
+	stamp := new(atomic.Int64)
+	stamp.Store(r.stamp())
 	r.mu.Lock()
+	for old := range drop {
+		delete(r.bySpec, r.byID[old])
+		delete(r.byID, old)
+		delete(r.used, old) // its stamp stays reclaiming for a Register holding it
+	}
 	r.byID[id] = spec
 	r.bySpec[spec] = id
+	r.used[id] = stamp
 	r.nextID = id + 1
+	n := len(r.byID)
 	r.mu.Unlock()
+	if len(drop) > 0 {
+		r.reclaimed.Add(uint64(len(drop)))
+		r.log.Info("namespace registry full: reclaimed idle namespaces (no session, no block, unused)",
+			"reclaimed", len(drop), "namespaces", n, "limit", r.limit, "unused_for", r.grace, "new_id", id)
+	}
 	return id, nil
 }
+
+// stamp is now on the registry's clock, for used.
+func (r *Registry) stamp() int64 { return int64(r.now().Sub(r.t0)) }
+
+// touch marks u used now and reports whether it could: false when a
+// reclaim is taking its id out.
+func (r *Registry) touch(u *atomic.Int64) bool {
+	if u == nil {
+		return false
+	}
+	for {
+		old := u.Load()
+		if old == reclaiming {
+			return false
+		}
+		now := r.stamp()
+		if now <= old || u.CompareAndSwap(old, now) {
+			return true
+		}
+	}
+}
+
+// takeIdle picks the idle namespaces of a full registry and marks them
+// reclaiming; it returns each with its stamp (for giveBack), or none and
+// how long until the next pass may run. Caller holds wmu.
+func (r *Registry) takeIdle() (map[uint32]int64, time.Duration) {
+	if r.inUse == nil {
+		return nil, 0
+	}
+	now := r.stamp()
+	if now < r.nextReclaim {
+		return nil, time.Duration(r.nextReclaim - now)
+	}
+	r.nextReclaim = now + int64(r.every)
+	cutoff := now - int64(r.grace)
+	ids := map[uint32]struct{}{}
+	stamps := map[uint32]int64{}
+	for id, u := range r.used { // the map changes only under wmu
+		if at := u.Load(); at <= cutoff {
+			ids[id], stamps[id] = struct{}{}, at
+		}
+	}
+	if len(ids) == 0 {
+		return nil, 0
+	}
+	r.inUse(ids)
+	take := make(map[uint32]int64, len(ids))
+	for id := range ids {
+		// A Register since the stamp was read keeps it: it may be
+		// handing the id to a session the check could not see yet.
+		if r.used[id].CompareAndSwap(stamps[id], reclaiming) {
+			take[id] = stamps[id]
+		}
+	}
+	return take, 0
+}
+
+// giveBack undoes takeIdle after a failed Register. Caller holds wmu.
+func (r *Registry) giveBack(drop map[uint32]int64) {
+	for id, at := range drop {
+		r.used[id].Store(at)
+	}
+}
+
+// setReclaim lets a full registry reclaim idle namespaces: inUse removes
+// from ids every namespace still in use (a session, a block), and log
+// says how many were reclaimed.
+func (r *Registry) setReclaim(inUse func(ids map[uint32]struct{}), log *slog.Logger) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	r.inUse, r.log = inUse, log
+}
+
+// Reclaimed returns how many idle namespaces the registry has reclaimed
+// since it was opened.
+func (r *Registry) Reclaimed() uint64 { return r.reclaimed.Load() }
 
 // Lookup returns the spec registered under id.
 func (r *Registry) Lookup(id uint32) (NamespaceSpec, bool) {
@@ -412,18 +582,18 @@ func (r *Registry) appendJournal(rec registryRecord) error {
 	return nil
 }
 
-// compact writes the snapshot (the current contents plus add, if not nil)
-// with as many ids again set aside for a new, empty journal, whose ids
-// start after add's (or at nextID). Caller holds wmu (or is the sole owner
-// during Open).
-func (r *Registry) compact(add *registryRecord) error {
+// compact writes the snapshot (the current contents less the ids in drop,
+// plus add, if not nil) with as many ids again set aside for a new, empty
+// journal, whose ids start after add's (or at nextID). Caller holds wmu (or
+// is the sole owner during Open).
+func (r *Registry) compact(add *registryRecord, drop map[uint32]int64) error {
 	first := r.nextID
 	if add != nil {
 		first = add.ID + 1
 	}
-	end := uint32(min(uint64(first)+uint64(max(minJournalReserve, len(r.byID)+1)), maxNamespaceID+1))
+	end := uint32(min(uint64(first)+uint64(max(minJournalReserve, len(r.byID)-len(drop)+1)), maxNamespaceID+1))
 	r.journalOK = false
-	if err := r.persist(add, end); err != nil {
+	if err := r.persist(add, drop, end); err != nil {
 		return err
 	}
 	r.reserveEnd = end
@@ -442,14 +612,17 @@ func (r *Registry) compact(add *registryRecord) error {
 	return nil
 }
 
-// persist writes the current contents plus add (if not nil), with next_id
-// nextID, atomically: temp file, fsync, rename, fsync the directory so the
-// rename itself is durable. Caller holds wmu (or is the sole owner during
-// Open).
-func (r *Registry) persist(add *registryRecord, nextID uint32) error {
+// persist writes the current contents less the ids in drop, plus add (if
+// not nil), with next_id nextID, atomically: temp file, fsync, rename, fsync
+// the directory so the rename itself is durable. Caller holds wmu (or is
+// the sole owner during Open). Reclaimed ids just leave gaps below next_id,
+// which every kvtierd reads as a valid registry.
+func (r *Registry) persist(add *registryRecord, drop map[uint32]int64, nextID uint32) error {
 	doc := registryDoc{Version: registryVersion, Epoch: r.epoch, NextID: nextID}
 	for id, s := range r.byID {
-		doc.Namespaces = append(doc.Namespaces, registryRecord{ID: id, Spec: s})
+		if _, gone := drop[id]; !gone {
+			doc.Namespaces = append(doc.Namespaces, registryRecord{ID: id, Spec: s})
+		}
 	}
 	if add != nil {
 		doc.Namespaces = append(doc.Namespaces, *add)

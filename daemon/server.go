@@ -208,6 +208,9 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 		return nil, err
 	}
 	d.gpus = openGPUs(cfg, d.chain, d.arena.Bytes(), log)
+	// After the warm adoption, which looks ids up: nothing is reclaimed
+	// before the first session's Register.
+	d.reg.setReclaim(d.dropInUse, log)
 	log.Info("replacement policy", "name", d.chain.PolicyName())
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
@@ -1062,7 +1065,7 @@ func (d *Daemon) Stats() shm.Stats {
 // statsNamespaceBytes bounds the JSON of the namespaces a status reply
 // lists. The reply is one SOCK_SEQPACKET message, which the socket's send
 // buffer caps (net.core.wmem_default, 208 KiB on most hosts), and a peer
-// registers namespaces at will, for good: listed whole, a few hundred with
+// registers namespaces at will (up to 65,536): listed whole, a few hundred with
 // long model ids made every status request fail.
 const statsNamespaceBytes = 64 << 10
 

@@ -1774,6 +1774,32 @@ func (c *Chain) beingDeletedLocked(k Key) bool {
 	return c.deleting[k] > 0 || c.deletingNS[k.NS] > 0
 }
 
+// Namespaces calls fn with the namespace of every block the chain holds
+// or is moving: promotions in flight, parked blocks (their namespace
+// carries ParkedNS), the host tier, then NVMe, at least once each. Host
+// before NVMe: a block demoted meanwhile is written down before it leaves
+// the host tier, so one of the two walks sees it. fn runs under the
+// tiers' locks and must not call them.
+func (c *Chain) Namespaces(fn func(ns uint32)) {
+	c.mu.Lock()
+	for k := range c.inflight {
+		fn(k.NS)
+	}
+	c.mu.Unlock()
+	c.parkMu.Lock()
+	for k := range c.parked {
+		fn(k.NS)
+	}
+	for k := range c.parkPrior {
+		fn(k.NS)
+	}
+	c.parkMu.Unlock()
+	c.Host.Namespaces(fn)
+	if c.NVMe != nil {
+		c.NVMe.Namespaces(fn)
+	}
+}
+
 // DeleteNS removes namespace ns from every tier and returns the number of
 // distinct blocks removed.
 func (c *Chain) DeleteNS(ns uint32) int {

@@ -1042,6 +1042,27 @@ func (gs *GPUSet) Delete(k Key) bool {
 	return gs.Chain.Delete(k) || found
 }
 
+// Namespaces calls fn with the namespace of every block the GPU arenas
+// and the chain hold or are moving, at least once each: the arenas first,
+// as a block demoted meanwhile reaches the host tier before it leaves its
+// arena. fn runs under the tiers' locks and must not call them.
+func (gs *GPUSet) Namespaces(fn func(ns uint32)) {
+	gs.tmu.Lock()
+	for k := range gs.moving {
+		fn(k.NS)
+	}
+	gs.tmu.Unlock()
+	gs.imu.Lock()
+	for mk := range gs.inflight {
+		fn(mk.k.NS)
+	}
+	gs.imu.Unlock()
+	for _, g := range gs.GPUs {
+		g.Slots.Namespaces(fn)
+	}
+	gs.Chain.Namespaces(fn)
+}
+
 // DeleteNS removes namespace ns from every tier.
 func (gs *GPUSet) DeleteNS(ns uint32) int {
 	gs.tmu.Lock()

@@ -833,6 +833,30 @@ func (h *Host) deleteNS(ns uint32, each func(Key)) int {
 	return n
 }
 
+// Namespaces calls fn with the namespace of every block the tier holds:
+// committed (once per namespace), and reserved (disowned ones too) or
+// deleted but still leased (once per block). It runs under the tier's lock
+// (fn must not call the tier) and costs O(namespaces) plus the slots of the
+// slabs holding a reserved or leased block (only those pin a slab).
+func (h *Host) Namespaces(fn func(ns uint32)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ns := range h.ns {
+		fn(ns)
+	}
+	for i := range h.slabs {
+		s := &h.slabs[i]
+		if s.cls == nil || s.pinned == 0 {
+			continue
+		}
+		for _, hd := range s.slots {
+			if hd != nil && hd.state != stateCommitted {
+				fn(hd.Key.NS)
+			}
+		}
+	}
+}
+
 // Stats returns a snapshot.
 func (h *Host) Stats() HostStats {
 	h.mu.Lock()

@@ -1681,6 +1681,23 @@ func (s *Store) Keys(fn func(k Key, size int64) bool) {
 	}
 }
 
+// Namespaces calls fn with the namespace of every block in the index
+// (those a Delete hid too: they are not gone yet), at least once each. It
+// walks the index under the store's lock, without copying it as Keys does
+// (fn must not call the store).
+func (s *Store) Namespaces(fn func(ns uint32)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first, last := true, uint32(0)
+	s.idx.walk(func(k Key, _ int64) bool {
+		if first || k.NS != last { // a namespace's blocks often lie in runs
+			fn(k.NS)
+			first, last = false, k.NS
+		}
+		return true
+	})
+}
+
 // Stats returns a snapshot of the counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
