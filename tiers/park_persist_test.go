@@ -46,24 +46,7 @@ func TestParkTTLSurvivesRestart(t *testing.T) {
 			dir := t.TempDir()
 			state := filepath.Join(dir, "parked.expiry")
 			cfg := ChainConfig{ParkTTL: cmp.Or(tt.ttl, hour), ParkStatePath: state, Logger: discardLogger()}
-			open := func() (*Chain, *Host, *nvme.Store) {
-				h, err := NewHost(make([]byte, 4<<20), HostConfig{SlabBytes: 1 << 20})
-				if err != nil {
-					t.Fatal(err)
-				}
-				st, err := nvme.Open(context.Background(), nvme.Options{
-					Dir: filepath.Join(dir, "nvme"), CapacityBytes: nvme.MinCapacity, Logger: discardLogger(),
-					Unevictable: func(k nvme.Key) bool { return k.NS&ParkedNS != 0 },
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				c, err := NewChain(h, st, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return c, h, st
-			}
+			open := func() (*Chain, *Host, *nvme.Store) { return openParkChain(t, dir, cfg) }
 
 			// The first daemon: k parked, in NVMe, with tt.left of its TTL.
 			c1, _, st1 := open()
@@ -211,21 +194,7 @@ func TestParkTTLSurvivesFailedStart(t *testing.T) {
 			state := filepath.Join(dir, "parked.expiry")
 			cfg := ChainConfig{ParkTTL: time.Hour, ParkStatePath: state, Logger: discardLogger()}
 			open := func() (*Chain, *nvme.Store) {
-				h, err := NewHost(make([]byte, 4<<20), HostConfig{SlabBytes: 1 << 20})
-				if err != nil {
-					t.Fatal(err)
-				}
-				st, err := nvme.Open(context.Background(), nvme.Options{
-					Dir: filepath.Join(dir, "nvme"), CapacityBytes: nvme.MinCapacity, Logger: discardLogger(),
-					Unevictable: func(k nvme.Key) bool { return k.NS&ParkedNS != 0 },
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				c, err := NewChain(h, st, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
+				c, _, st := openParkChain(t, dir, cfg)
 				return c, st
 			}
 
@@ -273,4 +242,27 @@ func TestParkTTLSurvivesFailedStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openParkChain is one daemon's start over dir: a 4 MiB host tier, the
+// NVMe store in dir/nvme (parked blocks unevictable) and a chain with cfg.
+// The caller closes the store.
+func openParkChain(t *testing.T, dir string, cfg ChainConfig) (*Chain, *Host, *nvme.Store) {
+	t.Helper()
+	h, err := NewHost(make([]byte, 4<<20), HostConfig{SlabBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := nvme.Open(context.Background(), nvme.Options{
+		Dir: filepath.Join(dir, "nvme"), CapacityBytes: nvme.MinCapacity, Logger: discardLogger(),
+		Unevictable: func(k nvme.Key) bool { return k.NS&ParkedNS != 0 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewChain(h, st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, h, st
 }
