@@ -953,9 +953,7 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		}
 		var n int
 		if req.All {
-			for id := range d.reg.All() {
-				n += d.deleteNS(id)
-			}
+			n = d.deleteNamespaces(slices.Collect(maps.Keys(d.reg.All())))
 		} else {
 			n = d.deleteNS(req.NamespaceID)
 		}

@@ -133,7 +133,7 @@ type Chain struct {
 	expireHook func(k Key)
 	// deleteHook, if set (tests only, before Start), runs in Delete and
 	// DeleteNS between the host step and the NVMe step, with the key
-	// (Key{NS: ns} for DeleteNS).
+	// (Key{NS: ns} for DeleteNS, once per namespace for DeleteNamespaces).
 	deleteHook func(k Key)
 
 	// The replacement policy sees the host tier through events (insert,
@@ -1803,15 +1803,30 @@ func (c *Chain) Namespaces(fn func(ns uint32)) {
 // DeleteNS removes namespace ns from every tier and returns the number of
 // distinct blocks removed.
 func (c *Chain) DeleteNS(ns uint32) int {
-	if ns&ParkedNS != 0 {
+	return c.DeleteNamespaces(map[uint32]struct{}{ns: {}})
+}
+
+// DeleteNamespaces is DeleteNS of every namespace in nss, in one pass over
+// each tier: a DeleteNS per namespace walks the NVMe index once each, and
+// an evict of everything names every registered namespace (up to 65,536).
+func (c *Chain) DeleteNamespaces(nss map[uint32]struct{}) int {
+	in := func(ns uint32) bool { _, ok := nss[ns]; return ok }
+	parked := false
+	for ns := range nss {
+		if ns&ParkedNS != 0 {
+			parked = true
+			break
+		}
+	}
+	if parked {
 		c.parkMu.Lock()
 		for k := range c.parked {
-			if k.NS == ns {
+			if in(k.NS) {
 				delete(c.parked, k)
 			}
 		}
 		for k := range c.parkPrior {
-			if k.NS == ns {
+			if in(k.NS) {
 				delete(c.parkPrior, k)
 			}
 		}
@@ -1819,40 +1834,48 @@ func (c *Chain) DeleteNS(ns uint32) int {
 	}
 	c.mu.Lock()
 	for k, p := range c.inflight {
-		if k.NS == ns {
+		if in(k.NS) {
 			p.deleted = true
 		}
 	}
-	c.deletingNS[ns]++
+	for ns := range nss {
+		c.deletingNS[ns]++
+	}
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		if c.deletingNS[ns]--; c.deletingNS[ns] == 0 {
-			delete(c.deletingNS, ns)
+		for ns := range nss {
+			if c.deletingNS[ns]--; c.deletingNS[ns] == 0 {
+				delete(c.deletingNS, ns)
+			}
 		}
 		c.mu.Unlock()
 	}()
 	// Distinct blocks: a host block with a clean copy in NVMe counts once.
-	both := 0
-	n := c.Host.deleteNS(ns, func(k Key) {
-		if c.inNVMe(k) {
-			both++
-		}
-	})
+	both, n := 0, 0
+	for ns := range nss {
+		n += c.Host.deleteNS(ns, func(k Key) {
+			if c.inNVMe(k) {
+				both++
+			}
+		})
+	}
 	if c.deleteHook != nil {
-		c.deleteHook(Key{NS: ns})
+		for ns := range nss {
+			c.deleteHook(Key{NS: ns})
+		}
 	}
 	if c.NVMe != nil {
-		m, _ := c.NVMe.DeleteNS(ns)
+		m, _ := c.NVMe.DeleteNamespaces(nss)
 		n += max(m-both, 0)
 	}
-	if ns&ParkedNS != 0 {
+	if parked {
 		// Blocks parked since the set was cleared above (as in delete):
 		// those the NVMe step deleted are gone.
 		var again []Key
 		c.parkMu.Lock()
 		for k := range c.parked {
-			if k.NS == ns {
+			if in(k.NS) {
 				again = append(again, k)
 			}
 		}

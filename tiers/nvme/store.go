@@ -97,6 +97,7 @@ type Stats struct {
 	Relocated       uint64 // blocks moved by segment compaction
 	SegmentWrites   uint64 // segment file writes: one per Put, per chunk of a PutBatch, per relocated block
 	SegmentReads    uint64 // segment file reads: one per Get, per relocated block, per run of back-to-back records of a GetBatch
+	IndexWalks      uint64 // walks of the whole index under the store's lock (deletes of namespaces, Keys, Namespaces)
 	ReindexBlocks   int
 	ReindexDuration time.Duration
 	MovedAside      string // non-empty if Open found the directory corrupt and moved it here
@@ -1512,6 +1513,20 @@ func (s *Store) isHiddenLocked(k Key) bool {
 // writes to the store are paused, then wakes the maintenance loop, which flushes
 // removes the segments that became empty and compacts partly dead ones.
 func (s *Store) DeleteNS(ns uint32) (int, error) {
+	return s.deleteWhere(func(n uint32) bool { return n == ns }, fmt.Sprintf("namespace %d", ns))
+}
+
+// DeleteNamespaces is DeleteNS of every namespace in nss at once, with one
+// walk of the index under the store's lock: a DeleteNS per namespace walks
+// it once each, which for an evict of everything (up to 65,536 namespaces
+// registered) came to minutes of walks, every read waiting between them.
+func (s *Store) DeleteNamespaces(nss map[uint32]struct{}) (int, error) {
+	return s.deleteWhere(func(n uint32) bool { _, ok := nss[n]; return ok }, fmt.Sprintf("%d namespaces", len(nss)))
+}
+
+// deleteWhere is DeleteNS of the namespaces match reports; what names
+// them in errors.
+func (s *Store) deleteWhere(match func(ns uint32) bool, what string) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
 	}
@@ -1522,7 +1537,7 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 	s.mu.Lock()
 	hidden := 0 // deleted already, as far as callers know
 	s.idx.walk(func(k Key, size int64) bool {
-		if k.NS == ns {
+		if match(k.NS) {
 			keys = append(keys, k)
 			if s.isHiddenLocked(k) {
 				hidden++
@@ -1553,11 +1568,11 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 			encodeKey(&kb, k)
 			if err := wb.Delete(kb[:]); err != nil {
 				wb.Cancel()
-				return max(deleted-hidden, 0), fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+				return max(deleted-hidden, 0), fmt.Errorf("nvme: delete %s: %w", what, err)
 			}
 		}
 		if err := wb.Flush(); err != nil {
-			return max(deleted-hidden, 0), fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+			return max(deleted-hidden, 0), fmt.Errorf("nvme: delete %s: %w", what, err)
 		}
 		s.mu.Lock()
 		for _, k := range round {
@@ -1701,7 +1716,7 @@ func (s *Store) Namespaces(fn func(ns uint32)) {
 // Stats returns a snapshot of the counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
-	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit()}
+	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit(), IndexWalks: s.idx.walks}
 	for k := range s.hidden {
 		// Deleted as far as callers know (its deleter waits for a lock).
 		if i, ok := s.idx.get(k); ok {
