@@ -680,7 +680,8 @@ const putBatchBytes = 1 << 20
 // stored whole or not at all; on error the blocks of earlier chunks are
 // stored and the rest are not. Keys must be distinct.
 func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
-	return s.PutBatchIf(keys, blocks, nil)
+	_, err := s.PutBatchIf(keys, blocks, nil)
+	return err
 }
 
 // PutBatchIf is PutBatch storing only the blocks for which keep (if set)
@@ -690,20 +691,24 @@ func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
 // waits for the block to be indexed and removes it. A caller writing down
 // a copy of a block that may be deleted meanwhile asks keep whether it
 // still exists, so that the deleted block never becomes visible here.
-func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) error {
+//
+// It returns how many leading keys are done: their chunks committed, each
+// block stored unless keep refused it. On error keys[done:] are not
+// stored, and a caller counting what it wrote counts keys[:done].
+func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) (done int, err error) {
 	if len(keys) != len(blocks) {
-		return fmt.Errorf("nvme: put batch: %d keys, %d blocks", len(keys), len(blocks))
+		return 0, fmt.Errorf("nvme: put batch: %d keys, %d blocks", len(keys), len(blocks))
 	}
 	for i, b := range blocks {
 		if size := int64(len(b)); size > s.maxBlock {
-			return fmt.Errorf("%w: %d > %d", ErrTooLarge, size, s.maxBlock)
+			return 0, fmt.Errorf("%w: %d > %d", ErrTooLarge, size, s.maxBlock)
 		}
 		if slices.Contains(keys[:i], keys[i]) { // batches are small (a writer's run)
-			return fmt.Errorf("nvme: put batch: key %v twice", keys[i])
+			return 0, fmt.Errorf("nvme: put batch: key %v twice", keys[i])
 		}
 	}
 	if err := s.enter(); err != nil {
-		return err
+		return 0, err
 	}
 	defer s.exit()
 	for i := 0; i < len(keys); {
@@ -721,11 +726,11 @@ func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) e
 			chunkKeep = func(c int) bool { return keep(base + c) }
 		}
 		if err := s.putChunk(keys[i:j], blocks[i:j], chunkKeep); err != nil {
-			return err
+			return i, err
 		}
 		i = j
 	}
-	return nil
+	return len(keys), nil
 }
 
 // putChunk stores one chunk of PutBatch: at most putBatchBytes of records
