@@ -423,8 +423,8 @@ const flushWait = 2 * time.Minute
 // Flush asks the daemon to write every host-tier block that has no copy in
 // NVMe down to NVMe (the host tier keeps its copies) and returns how many
 // blocks it wrote. Without an NVMe tier it writes nothing and returns 0. The
-// daemon bounds the write-down; if it stops early, Flush returns the blocks
-// written so far with an error. Without a deadline on ctx, Flush waits for
+// daemon bounds the write-down; if it stops early, or writes fail, Flush
+// returns the blocks written with an error. Without a deadline on ctx, Flush waits for
 // that answer (up to two minutes), not just Options.DialTimeout.
 func (c *Client) Flush(ctx context.Context) (int, error) {
 	if _, ok := ctx.Deadline(); !ok {
@@ -445,7 +445,7 @@ func (c *Client) Flush(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("flush: decode reply: %w", err)
 	}
 	if r.Error != "" {
-		return r.Blocks, fmt.Errorf("flush: stopped after %d blocks: %s", r.Blocks, r.Error)
+		return r.Blocks, fmt.Errorf("flush: %d blocks written: %s", r.Blocks, r.Error)
 	}
 	return r.Blocks, nil
 }

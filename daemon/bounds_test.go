@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -192,5 +193,64 @@ func TestPeerCannotFloodTheLog(t *testing.T) {
 	bad()
 	if !strings.Contains(logs.String(), "suppressed=") {
 		t.Fatal("the next line after the flood does not say how many were suppressed")
+	}
+}
+
+// TestAdminPeerThatNeverReadsLetGo: a reply on an admin connection had no
+// write deadline (outside a stop), so a peer that sent requests and never
+// read the replies blocked the daemon's write for good, holding one of
+// session.max_admin's places: a few such peers locked kvtierctl out. A reply
+// not read within adminReplyTimeout closes the connection, with a line.
+func TestAdminPeerThatNeverReadsLetGo(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Session.MaxAdmin = 1
+	var logs syncBuffer
+	const bound = 300 * time.Millisecond
+	startDaemonWith(t, cfg, slog.New(slog.NewTextHandler(&logs, nil)), func(d *Daemon) { d.adminReply = bound })
+	c, code := rawAdmin(t, cfg.Socket)
+	if code != 0 {
+		t.Fatalf("admin connection refused: %d", code)
+	}
+	defer c.Close()
+	// Status requests, never reading a reply, until our own send blocks (the
+	// daemon's write blocked and its receive queue filled) or fails (the
+	// daemon closed the connection).
+	sent := 0
+	for ; sent < 100_000; sent++ {
+		c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgStatsReq, shm.ProtocolVersion, nil)); err != nil {
+			break
+		}
+	}
+	t.Logf("%d status requests sent without reading a reply", sent)
+	const wait = 10 * time.Second
+	for deadline := time.Now().Add(wait); ; time.Sleep(50 * time.Millisecond) {
+		c2, code := rawAdmin(t, cfg.Socket)
+		c2.Close()
+		if code == 0 {
+			break
+		}
+		if code != shm.CodeBusy {
+			t.Fatalf("admin connection refused with code %d", code)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the only admin place (session.max_admin 1) is still held %v after its peer stopped reading its replies (%d requests sent): kvtierctl refused busy", wait, sent)
+		}
+	}
+	// The daemon closed it: EOF after the replies it sent, or a reset (it
+	// closed with our requests unread).
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 1<<16)
+	for {
+		_, _, err := shm.RecvMsg(c, buf, 0)
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("reading the unread replies: %v, want the connection closed by the daemon", err)
+		}
+	}
+	if !strings.Contains(logs.String(), "reply not read within "+bound.String()) {
+		t.Errorf("no line says why the admin connection was closed; log:\n%s", logs.String())
 	}
 }

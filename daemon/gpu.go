@@ -84,12 +84,20 @@ func (d *Daemon) gpuArenaFor(uuid [16]byte) (int, *shm.GPUArena) {
 
 // deleteNS drops a namespace from every tier, with its parked requests
 // (an operator's evict: a model's parked KV is no better than its cache).
-func (d *Daemon) deleteNS(ns uint32) int {
-	del := d.chain.DeleteNS
-	if d.gpus != nil {
-		del = d.gpus.DeleteNS
+func (d *Daemon) deleteNS(ns uint32) int { return d.deleteNamespaces([]uint32{ns}) }
+
+// deleteNamespaces is deleteNS of each of ids, in one pass over each tier:
+// one per namespace walked the NVMe index once each, under its lock, and
+// an evict of everything names every registered namespace.
+func (d *Daemon) deleteNamespaces(ids []uint32) int {
+	nss := make(map[uint32]struct{}, 2*len(ids))
+	for _, id := range ids {
+		nss[id], nss[id|tiers.ParkedNS] = struct{}{}, struct{}{}
 	}
-	return del(ns) + del(ns|tiers.ParkedNS)
+	if d.gpus != nil {
+		return d.gpus.DeleteNamespaces(nss)
+	}
+	return d.chain.DeleteNamespaces(nss)
 }
 
 // dropInUse removes from ids every namespace in use: with a session open,

@@ -42,6 +42,14 @@ const handshakeTimeout = 2 * time.Second
 // forgot it must not keep its place under session.max_admin for good.
 const adminIdle = time.Minute
 
+// adminReplyTimeout bounds each reply's write on an admin connection: a
+// peer that sends requests and never reads its replies fills its receive
+// queue, and our write would block for good, holding the connection's
+// goroutine and one of session.max_admin's places (enough such peers lock
+// kvtierctl out). A reader takes microseconds; a few seconds covers a
+// loaded host.
+const adminReplyTimeout = 5 * time.Second
+
 // refuseLinger bounds how long a refused peer has to read the refusal and
 // hang up before the daemon closes the connection anyway.
 const refuseLinger = 500 * time.Millisecond
@@ -84,9 +92,12 @@ type Daemon struct {
 	// adminIdle: how long an admin connection may wait between requests
 	// (the const adminIdle; tests shorten it before Run).
 	adminIdle time.Duration
-	nextID    uint64
-	wg        sync.WaitGroup
-	closing   atomic.Bool
+	// adminReply: how long a reply on an admin connection may wait for
+	// its peer to read (the const adminReplyTimeout; tests shorten it).
+	adminReply time.Duration
+	nextID     uint64
+	wg         sync.WaitGroup
+	closing    atomic.Bool
 
 	loops       atomic.Int32 // ring loops running (one per session)
 	spinners    atomic.Int32 // ring loops currently spinning
@@ -132,7 +143,7 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now, adminIdle: adminIdle,
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now, adminIdle: adminIdle, adminReply: adminReplyTimeout,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
 	d.peerLog = rateLimited(log, newLogLimiter())
 	d.procs.init()
@@ -920,7 +931,7 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 		if err != nil {
 			return
 		}
-		if err := d.control(ctx, c, raw); err != nil {
+		if err := d.control(ctx, c, raw, d.adminReply); err != nil {
 			log.Warn("closing admin connection", "reason", err)
 			return
 		}
@@ -931,7 +942,8 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 // server (Run, for an admin connection; the session, for one on a session's
 // socket): a stop cuts a flush in progress, and the stop's own write-down
 // (nvme.flush_on_stop) carries on where it left off, within its own bound.
-func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error {
+// replyBound, if not 0, bounds the write of the reply (sendReply).
+func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte, replyBound time.Duration) error {
 	t, _, payload, err := shm.DecodeMsg(raw)
 	if err != nil {
 		return err
@@ -945,7 +957,7 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		if err != nil {
 			return err
 		}
-		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgStatsReply, shm.ProtocolVersion, b))
+		return sendReply(ctx, c, shm.EncodeMsg(shm.MsgStatsReply, shm.ProtocolVersion, b), replyBound)
 	case shm.MsgEvictReq:
 		req, err := shm.DecodeEvictReq(payload)
 		if err != nil {
@@ -953,15 +965,13 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 		}
 		var n int
 		if req.All {
-			for id := range d.reg.All() {
-				n += d.deleteNS(id)
-			}
+			n = d.deleteNamespaces(slices.Collect(maps.Keys(d.reg.All())))
 		} else {
 			n = d.deleteNS(req.NamespaceID)
 		}
 		d.peerLog.Info("evicted blocks on request", "namespace", req.NamespaceID, "all", req.All, "blocks", n)
 		b, _ := json.Marshal(map[string]int{"evicted": n})
-		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgEvictReply, shm.ProtocolVersion, b))
+		return sendReply(ctx, c, shm.EncodeMsg(shm.MsgEvictReply, shm.ProtocolVersion, b), replyBound)
 	case shm.MsgFlushReq:
 		if len(payload) != 0 {
 			return fmt.Errorf("%w: flush request with %d payload bytes", shm.ErrMalformed, len(payload))
@@ -979,10 +989,29 @@ func (d *Daemon) control(ctx context.Context, c *net.UnixConn, raw []byte) error
 			reply["error"] = d.flushCutReason(ctx, ferr)
 		}
 		b, _ := json.Marshal(reply)
-		return shm.SendMsg(c, shm.EncodeMsg(shm.MsgFlushReply, shm.ProtocolVersion, b))
+		return sendReply(ctx, c, shm.EncodeMsg(shm.MsgFlushReply, shm.ProtocolVersion, b), replyBound)
 	default:
 		return fmt.Errorf("%w: unexpected message type %d", shm.ErrMalformed, t)
 	}
+}
+
+// sendReply writes a control reply, within bound if it is not 0 (an admin
+// connection's: adminReplyTimeout), an error if the peer did not read it
+// in time. Once ctx has ended (a stop) the write gets handshakeTimeout, as
+// serveAdmin's stop sets it, whether the stop came before or after the
+// deadline set here.
+func sendReply(ctx context.Context, c *net.UnixConn, msg []byte, bound time.Duration) error {
+	if bound > 0 {
+		c.SetWriteDeadline(time.Now().Add(bound))
+		if ctx.Err() != nil {
+			c.SetWriteDeadline(time.Now().Add(min(bound, handshakeTimeout)))
+		}
+	}
+	err := shm.SendMsg(c, msg)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("reply not read within %s: %w", bound, err)
+	}
+	return err
 }
 
 // flushCutReason says why a flush on request ended early, in the words

@@ -358,7 +358,7 @@ func (s *session) readControl() {
 		if err != nil {
 			return
 		}
-		if err := s.d.control(ctx, s.conn, raw); err != nil {
+		if err := s.d.control(ctx, s.conn, raw, 0); err != nil {
 			bad(fmt.Errorf("control message on the session socket: %w", err))
 			return
 		}

@@ -133,7 +133,7 @@ type Chain struct {
 	expireHook func(k Key)
 	// deleteHook, if set (tests only, before Start), runs in Delete and
 	// DeleteNS between the host step and the NVMe step, with the key
-	// (Key{NS: ns} for DeleteNS).
+	// (Key{NS: ns} for DeleteNS, once per namespace for DeleteNamespaces).
 	deleteHook func(k Key)
 
 	// The replacement policy sees the host tier through events (insert,
@@ -1252,7 +1252,7 @@ func (c *Chain) demoteBatch(n int) int {
 		if monoNow() < c.diskFullUntil.Load() {
 			ok = make([]bool, len(run))
 		} else {
-			ok, _, took = c.writeDown(run)
+			ok, _, took, _ = c.writeDown(run)
 		}
 		for i, hd := range run {
 			if !ok[i] && c.tooLarge(hd) {
@@ -1334,8 +1334,10 @@ func (c *Chain) tooLarge(hd *Handle) bool { return hd.Size > c.NVMe.MaxBlockByte
 // which is left out and not counted). A block too large for
 // NVMe is not ok (and does not fail the rest of the batch). The caller
 // charges a block's copy time to swapOutNanos when it counts the block as
-// moved: a flush's copies move nothing.
-func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Duration) {
+// moved: a flush's copies move nothing. err, a *writeFailure, says how
+// many blocks the store failed to write; those it stored before count in
+// wrote, but are not ok.
+func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Duration, err error) {
 	ok = make([]bool, len(run))
 	took = make([]time.Duration, len(run))
 	var keys []nvme.Key
@@ -1352,7 +1354,7 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 		keys, blocks, idx = append(keys, nk(hd.Key)), append(blocks, c.Host.Bytes(hd)), append(idx, i)
 	}
 	if len(keys) == 0 {
-		return ok, 0, took
+		return ok, 0, took, nil
 	}
 	t0 := time.Now()
 	if c.ioHook != nil {
@@ -1372,15 +1374,24 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 		left[j] = c.Host.Deleted(run[idx[j]])
 		return !left[j]
 	}
-	if err := c.NVMe.PutBatchIf(keys, blocks, keep); err != nil {
-		// Earlier chunks of the batch may be stored: those blocks count as
-		// not written now and find their clean copy at the next attempt.
-		c.demoteErrors.Add(uint64(len(keys))) // blocks, like the moves
+	done, err := c.NVMe.PutBatchIf(keys, blocks, keep)
+	if err != nil {
+		// The chunks before the one that failed are stored (keys[:done]):
+		// counted as written (Flush reports them), yet not ok, as the rest
+		// of the batch: they stay in the host tier and find their clean
+		// copy at the next attempt.
+		for j := range done {
+			if !left[j] {
+				wrote++
+			}
+		}
+		failed := len(keys) - done
+		c.demoteErrors.Add(uint64(failed)) // blocks, like the moves
 		if errors.Is(err, nvme.ErrNoSpace) {
 			c.diskFullUntil.Store(monoNow() + int64(time.Second))
 		}
-		c.log.Warn("demotion to nvme failed", "blocks", len(keys), "first", run[idx[0]].Key.Hash, "err", err)
-		return ok, 0, took
+		c.log.Warn("demotion to nvme failed", "blocks", failed, "first", run[idx[done]].Key.Hash, "err", err)
+		return ok, wrote, took, &writeFailure{blocks: failed, err: err}
 	}
 	dt := time.Since(t0)
 	for j, i := range idx {
@@ -1394,11 +1405,27 @@ func (c *Chain) writeDown(run []*Handle) (ok []bool, wrote int, took []time.Dura
 			c.cfg.ObserveSwapOut(dt) // each block of the batch waited for all of it
 		}
 	}
-	return ok, wrote, took
+	return ok, wrote, took, nil
 }
 
+// writeFailure is writeDown's error: the store failed to write blocks of
+// the batch.
+type writeFailure struct {
+	blocks int
+	err    error
+}
+
+func (e *writeFailure) Error() string {
+	return fmt.Sprintf("%d blocks not written to nvme: %v", e.blocks, e.err)
+}
+
+func (e *writeFailure) Unwrap() error { return e.err }
+
 // Flush writes every host block that has no copy in NVMe down to NVMe (the
-// host tier keeps its copies). It returns how many blocks it wrote.
+// host tier keeps its copies). It returns how many blocks it wrote, and an
+// error if ctx ended first or any write failed (saying how many, wrapping
+// the first failure): a flush that wrote nothing because the store failed
+// is not a flush with nothing to write.
 //
 // It writes oldest first, one run after another: NVMe orders its blocks
 // by write order after a restart, so the host tier's recency carries over
@@ -1453,14 +1480,21 @@ func (c *Chain) flush(ctx context.Context, only func(Key) bool) (int, error) {
 		}
 		hs = sorted
 	}
-	n := 0
-	var err error
+	n, failed := 0, 0
+	var err, werr error
 	for len(hs) > 0 {
 		run := hs[:min(writeRun, len(hs))]
 		if err == nil {
 			if err = ctx.Err(); err == nil { // once cut, the rest stays unwritten
-				_, wrote, _ := c.writeDown(run)
+				_, wrote, _, e := c.writeDown(run)
 				n += wrote
+				var wf *writeFailure
+				if errors.As(e, &wf) {
+					failed += wf.blocks
+					if werr == nil {
+						werr = wf.err
+					}
+				}
 			}
 		}
 		for _, hd := range run { // each run as it is done: a long flush keeps the tier evictable
@@ -1468,7 +1502,10 @@ func (c *Chain) flush(ctx context.Context, only func(Key) bool) (int, error) {
 		}
 		hs = hs[len(run):]
 	}
-	return n, err
+	if werr != nil {
+		werr = fmt.Errorf("%d of %d blocks not written to nvme: %w", failed, n+failed, werr)
+	}
+	return n, errors.Join(werr, err)
 }
 
 // Park is called after a parked block was committed to the host tier: it
@@ -1577,7 +1614,7 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 			c.Host.Unpin(hd, false) // resumed or released meanwhile
 		}
 	}
-	written, _, took := c.writeDown(live)
+	written, _, took, _ := c.writeDown(live)
 	limit, released := int64(-1), 0
 	for i, ok := range written {
 		hd := live[i]
@@ -1803,15 +1840,30 @@ func (c *Chain) Namespaces(fn func(ns uint32)) {
 // DeleteNS removes namespace ns from every tier and returns the number of
 // distinct blocks removed.
 func (c *Chain) DeleteNS(ns uint32) int {
-	if ns&ParkedNS != 0 {
+	return c.DeleteNamespaces(map[uint32]struct{}{ns: {}})
+}
+
+// DeleteNamespaces is DeleteNS of every namespace in nss, in one pass over
+// each tier: a DeleteNS per namespace walks the NVMe index once each, and
+// an evict of everything names every registered namespace (up to 65,536).
+func (c *Chain) DeleteNamespaces(nss map[uint32]struct{}) int {
+	in := func(ns uint32) bool { _, ok := nss[ns]; return ok }
+	parked := false
+	for ns := range nss {
+		if ns&ParkedNS != 0 {
+			parked = true
+			break
+		}
+	}
+	if parked {
 		c.parkMu.Lock()
 		for k := range c.parked {
-			if k.NS == ns {
+			if in(k.NS) {
 				delete(c.parked, k)
 			}
 		}
 		for k := range c.parkPrior {
-			if k.NS == ns {
+			if in(k.NS) {
 				delete(c.parkPrior, k)
 			}
 		}
@@ -1819,40 +1871,48 @@ func (c *Chain) DeleteNS(ns uint32) int {
 	}
 	c.mu.Lock()
 	for k, p := range c.inflight {
-		if k.NS == ns {
+		if in(k.NS) {
 			p.deleted = true
 		}
 	}
-	c.deletingNS[ns]++
+	for ns := range nss {
+		c.deletingNS[ns]++
+	}
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		if c.deletingNS[ns]--; c.deletingNS[ns] == 0 {
-			delete(c.deletingNS, ns)
+		for ns := range nss {
+			if c.deletingNS[ns]--; c.deletingNS[ns] == 0 {
+				delete(c.deletingNS, ns)
+			}
 		}
 		c.mu.Unlock()
 	}()
 	// Distinct blocks: a host block with a clean copy in NVMe counts once.
-	both := 0
-	n := c.Host.deleteNS(ns, func(k Key) {
-		if c.inNVMe(k) {
-			both++
-		}
-	})
+	both, n := 0, 0
+	for ns := range nss {
+		n += c.Host.deleteNS(ns, func(k Key) {
+			if c.inNVMe(k) {
+				both++
+			}
+		})
+	}
 	if c.deleteHook != nil {
-		c.deleteHook(Key{NS: ns})
+		for ns := range nss {
+			c.deleteHook(Key{NS: ns})
+		}
 	}
 	if c.NVMe != nil {
-		m, _ := c.NVMe.DeleteNS(ns)
+		m, _ := c.NVMe.DeleteNamespaces(nss)
 		n += max(m-both, 0)
 	}
-	if ns&ParkedNS != 0 {
+	if parked {
 		// Blocks parked since the set was cleared above (as in delete):
 		// those the NVMe step deleted are gone.
 		var again []Key
 		c.parkMu.Lock()
 		for k := range c.parked {
-			if k.NS == ns {
+			if in(k.NS) {
 				again = append(again, k)
 			}
 		}

@@ -553,7 +553,7 @@ func TestDeletedWhileWrittenDownNeverVisible(t *testing.T) {
 		}
 		run = append(run, hd)
 	}
-	ok, _, _ := r.c.writeDown(run)
+	ok, _, _, _ := r.c.writeDown(run)
 	for _, hd := range run {
 		r.h.Unpin(hd, false)
 	}
@@ -610,7 +610,7 @@ func TestOldWriteDownKeepsNewerGeneration(t *testing.T) {
 				t.Error("pin of the new generation")
 				return
 			}
-			if ok2, _, _ := r.c.writeDown([]*Handle{h2}); !ok2[0] {
+			if ok2, _, _, _ := r.c.writeDown([]*Handle{h2}); !ok2[0] {
 				t.Error("write-down of the new generation failed")
 			}
 			if dropped, _ := r.h.Unpin(h2, true); !dropped {

@@ -1,8 +1,11 @@
 package tiers
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/kvtier/kvtier/tiers/nvme"
 )
 
 // TestDemoteErrorsCountBlocks: kvtier_move_errors_total{from="host"} and
@@ -19,8 +22,8 @@ func TestDemoteErrorsCountBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	wrote, err := r.c.Flush(t.Context())
-	if err != nil || wrote != 0 {
-		t.Fatalf("flush to a closed store: wrote %d, %v", wrote, err)
+	if !errors.Is(err, nvme.ErrClosed) || wrote != 0 {
+		t.Fatalf("flush to a closed store: wrote %d, %v; want 0 and nvme.ErrClosed", wrote, err)
 	}
 	if st := r.c.Stats(); st.DemoteErrors != n {
 		t.Fatalf("demote errors %d after %d blocks failed to go down, want %d", st.DemoteErrors, n, n)

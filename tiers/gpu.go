@@ -1065,14 +1065,22 @@ func (gs *GPUSet) Namespaces(fn func(ns uint32)) {
 
 // DeleteNS removes namespace ns from every tier.
 func (gs *GPUSet) DeleteNS(ns uint32) int {
+	return gs.DeleteNamespaces(map[uint32]struct{}{ns: {}})
+}
+
+// DeleteNamespaces is DeleteNS of every namespace in nss, in one pass over
+// each tier (Chain.DeleteNamespaces).
+func (gs *GPUSet) DeleteNamespaces(nss map[uint32]struct{}) int {
 	gs.tmu.Lock()
 	defer gs.tmu.Unlock()
-	gs.tombstone(func(x Key) bool { return x.NS == ns })
+	gs.tombstone(func(x Key) bool { _, ok := nss[x.NS]; return ok })
 	// The count is of distinct blocks: a GPU block counts unless the chain
 	// holds it too (no copy commits meanwhile: tmu is held).
 	onGPU := map[Key]bool{}
 	for _, g := range gs.GPUs {
-		g.Slots.deleteNS(ns, func(k Key) { onGPU[k] = true })
+		for ns := range nss {
+			g.Slots.deleteNS(ns, func(k Key) { onGPU[k] = true })
+		}
 	}
 	extra := 0
 	for k := range onGPU {
@@ -1080,7 +1088,7 @@ func (gs *GPUSet) DeleteNS(ns uint32) int {
 			extra++
 		}
 	}
-	return gs.Chain.DeleteNS(ns) + extra
+	return gs.Chain.DeleteNamespaces(nss) + extra
 }
 
 // GPUStats describes the GPU tier.

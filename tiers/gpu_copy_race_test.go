@@ -237,7 +237,7 @@ func TestGPUPromotionOfBlockDemotedMeanwhile(t *testing.T) {
 	// The host mover takes the block down to NVMe meanwhile (as
 	// Chain.demoteBatch does with a victim it pinned).
 	if hd, ok := r.h.PinUnleased(k); ok {
-		if ok, _, _ := r.c.writeDown([]*Handle{hd}); !ok[0] {
+		if ok, _, _, _ := r.c.writeDown([]*Handle{hd}); !ok[0] {
 			t.Fatal("write-down to NVMe failed")
 		}
 		r.h.Unpin(hd, true)

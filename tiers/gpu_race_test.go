@@ -169,12 +169,12 @@ func TestGPUDeleteNSRacesPromotion(t *testing.T) {
 	r := newGPURig(t, true)
 	k := chainKey(43, 1)
 	r.put(t, k, -1) // host only
-	r.c.mu.Lock()   // DeleteNS stops in Chain.DeleteNS, after its tombstone pass
+	r.c.mu.Lock()   // DeleteNS stops in Chain.DeleteNamespaces, after its tombstone pass
 	var once sync.Once
 	unlock := func() { once.Do(r.c.mu.Unlock) }
 	deleted := make(chan int, 1)
 	go func() { deleted <- r.gs.DeleteNS(k.NS) }()
-	waitFor(t, "DeleteNS to reach the chain", func() bool { return inFrame("tiers.(*Chain).DeleteNS(") })
+	waitFor(t, "DeleteNS to reach the chain", func() bool { return inFrame("tiers.(*Chain).DeleteNamespaces(") })
 	var n int
 	var waited bool
 	r.gs.copied = func(Key) { // the promotion copied k into its GPU reservation

@@ -165,8 +165,8 @@ func TestPutBatchIf(t *testing.T) {
 				refused[i] = true
 			}
 			asked := map[int]int{}
-			if err := s.PutBatchIf(keys, blocks, func(i int) bool { asked[i]++; return !refused[i] }); err != nil {
-				t.Fatal(err)
+			if done, err := s.PutBatchIf(keys, blocks, func(i int) bool { asked[i]++; return !refused[i] }); err != nil || done != len(keys) {
+				t.Fatalf("PutBatchIf: %d of %d keys done, %v", done, len(keys), err)
 			}
 			var want int64
 			for i, k := range keys {

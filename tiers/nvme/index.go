@@ -7,10 +7,11 @@ package nvme
 type index struct {
 	m     map[Key]int32
 	ents  []entry
-	free  int32 // head of the free list (linked through next), nilIdx if empty
-	head  int32 // most recently used
-	tail  int32 // least recently used
-	bytes int64 // sum of sizes
+	free  int32  // head of the free list (linked through next), nilIdx if empty
+	head  int32  // most recently used
+	tail  int32  // least recently used
+	bytes int64  // sum of sizes
+	walks uint64 // calls of walk (Stats.IndexWalks)
 }
 
 type entry struct {
@@ -133,6 +134,7 @@ func (x *index) remove(k Key) (int64, uint32) {
 
 // walk visits entries from least to most recently used until fn returns false.
 func (x *index) walk(fn func(k Key, size int64) bool) {
+	x.walks++
 	for i := x.tail; i != nilIdx; i = x.ents[i].prev {
 		if !fn(x.ents[i].key, x.ents[i].size) {
 			return

@@ -97,6 +97,7 @@ type Stats struct {
 	Relocated       uint64 // blocks moved by segment compaction
 	SegmentWrites   uint64 // segment file writes: one per Put, per chunk of a PutBatch, per relocated block
 	SegmentReads    uint64 // segment file reads: one per Get, per relocated block, per run of back-to-back records of a GetBatch
+	IndexWalks      uint64 // walks of the whole index under the store's lock (deletes of namespaces, Keys, Namespaces)
 	ReindexBlocks   int
 	ReindexDuration time.Duration
 	MovedAside      string // non-empty if Open found the directory corrupt and moved it here
@@ -679,7 +680,8 @@ const putBatchBytes = 1 << 20
 // stored whole or not at all; on error the blocks of earlier chunks are
 // stored and the rest are not. Keys must be distinct.
 func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
-	return s.PutBatchIf(keys, blocks, nil)
+	_, err := s.PutBatchIf(keys, blocks, nil)
+	return err
 }
 
 // PutBatchIf is PutBatch storing only the blocks for which keep (if set)
@@ -689,20 +691,24 @@ func (s *Store) PutBatch(keys []Key, blocks [][]byte) error {
 // waits for the block to be indexed and removes it. A caller writing down
 // a copy of a block that may be deleted meanwhile asks keep whether it
 // still exists, so that the deleted block never becomes visible here.
-func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) error {
+//
+// It returns how many leading keys are done: their chunks committed, each
+// block stored unless keep refused it. On error keys[done:] are not
+// stored, and a caller counting what it wrote counts keys[:done].
+func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) (done int, err error) {
 	if len(keys) != len(blocks) {
-		return fmt.Errorf("nvme: put batch: %d keys, %d blocks", len(keys), len(blocks))
+		return 0, fmt.Errorf("nvme: put batch: %d keys, %d blocks", len(keys), len(blocks))
 	}
 	for i, b := range blocks {
 		if size := int64(len(b)); size > s.maxBlock {
-			return fmt.Errorf("%w: %d > %d", ErrTooLarge, size, s.maxBlock)
+			return 0, fmt.Errorf("%w: %d > %d", ErrTooLarge, size, s.maxBlock)
 		}
 		if slices.Contains(keys[:i], keys[i]) { // batches are small (a writer's run)
-			return fmt.Errorf("nvme: put batch: key %v twice", keys[i])
+			return 0, fmt.Errorf("nvme: put batch: key %v twice", keys[i])
 		}
 	}
 	if err := s.enter(); err != nil {
-		return err
+		return 0, err
 	}
 	defer s.exit()
 	for i := 0; i < len(keys); {
@@ -720,11 +726,11 @@ func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) e
 			chunkKeep = func(c int) bool { return keep(base + c) }
 		}
 		if err := s.putChunk(keys[i:j], blocks[i:j], chunkKeep); err != nil {
-			return err
+			return i, err
 		}
 		i = j
 	}
-	return nil
+	return len(keys), nil
 }
 
 // putChunk stores one chunk of PutBatch: at most putBatchBytes of records
@@ -1512,6 +1518,20 @@ func (s *Store) isHiddenLocked(k Key) bool {
 // writes to the store are paused, then wakes the maintenance loop, which flushes
 // removes the segments that became empty and compacts partly dead ones.
 func (s *Store) DeleteNS(ns uint32) (int, error) {
+	return s.deleteWhere(func(n uint32) bool { return n == ns }, fmt.Sprintf("namespace %d", ns))
+}
+
+// DeleteNamespaces is DeleteNS of every namespace in nss at once, with one
+// walk of the index under the store's lock: a DeleteNS per namespace walks
+// it once each, which for an evict of everything (up to 65,536 namespaces
+// registered) came to minutes of walks, every read waiting between them.
+func (s *Store) DeleteNamespaces(nss map[uint32]struct{}) (int, error) {
+	return s.deleteWhere(func(n uint32) bool { _, ok := nss[n]; return ok }, fmt.Sprintf("%d namespaces", len(nss)))
+}
+
+// deleteWhere is DeleteNS of the namespaces match reports; what names
+// them in errors.
+func (s *Store) deleteWhere(match func(ns uint32) bool, what string) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
 	}
@@ -1522,7 +1542,7 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 	s.mu.Lock()
 	hidden := 0 // deleted already, as far as callers know
 	s.idx.walk(func(k Key, size int64) bool {
-		if k.NS == ns {
+		if match(k.NS) {
 			keys = append(keys, k)
 			if s.isHiddenLocked(k) {
 				hidden++
@@ -1553,11 +1573,11 @@ func (s *Store) DeleteNS(ns uint32) (int, error) {
 			encodeKey(&kb, k)
 			if err := wb.Delete(kb[:]); err != nil {
 				wb.Cancel()
-				return max(deleted-hidden, 0), fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+				return max(deleted-hidden, 0), fmt.Errorf("nvme: delete %s: %w", what, err)
 			}
 		}
 		if err := wb.Flush(); err != nil {
-			return max(deleted-hidden, 0), fmt.Errorf("nvme: delete namespace %d: %w", ns, err)
+			return max(deleted-hidden, 0), fmt.Errorf("nvme: delete %s: %w", what, err)
 		}
 		s.mu.Lock()
 		for _, k := range round {
@@ -1701,7 +1721,7 @@ func (s *Store) Namespaces(fn func(ns uint32)) {
 // Stats returns a snapshot of the counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
-	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit()}
+	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit(), IndexWalks: s.idx.walks}
 	for k := range s.hidden {
 		// Deleted as far as callers know (its deleter waits for a lock).
 		if i, ok := s.idx.get(k); ok {
