@@ -254,3 +254,44 @@ func TestAdminPeerThatNeverReadsLetGo(t *testing.T) {
 		t.Errorf("no line says why the admin connection was closed; log:\n%s", logs.String())
 	}
 }
+
+// TestPreHelloConnectionsBounded: a connection accepted and silent holds an
+// fd, a goroutine and a hello buffer until handshakeTimeout. With no bound
+// on how many, a process connecting in a loop held tens of thousands at
+// once and could take the daemon's fds. Past maxPreHello the daemon refuses
+// busy at once; once the silent ones go, connections are served again.
+func TestPreHelloConnectionsBounded(t *testing.T) {
+	const bound = 8
+	cfg := testConfig(t)
+	r := startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) { d.maxPreHello = bound })
+	var silent []*net.UnixConn
+	for range bound {
+		silent = append(silent, rawDial(t, cfg.Socket))
+	}
+	for deadline := time.Now().Add(5 * time.Second); r.d.preHello.Load() < bound; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d silent connections in their handshake after 5s", r.d.preHello.Load(), bound)
+		}
+	}
+	c, code := rawAdmin(t, cfg.Socket)
+	c.Close()
+	if code != shm.CodeBusy {
+		t.Fatalf("a connection while %d sat silent in their handshake (bound %d): answered with code %d, want busy (%d)", bound, bound, code, shm.CodeBusy)
+	}
+	for _, s := range silent {
+		s.Close()
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, code := rawAdmin(t, cfg.Socket)
+		c.Close()
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin connection refused (%d) 5s after the silent connections hung up", code)
+		}
+	}
+	if n := r.d.preHello.Load(); n != 0 {
+		t.Fatalf("%d connections counted in their handshake after all hung up or were welcomed", n)
+	}
+}

@@ -54,6 +54,20 @@ const adminReplyTimeout = 5 * time.Second
 // hang up before the daemon closes the connection anyway.
 const refuseLinger = 500 * time.Millisecond
 
+// maxPreHello bounds the connections accepted and not yet past their hello
+// (or their refusal). Each holds an fd, a goroutine and a hello buffer for
+// up to handshakeTimeout (plus refuseLinger): a process connecting in a loop
+// (about 14,000 a second measured here) could hold some 28,000 at once
+// (14,000 × handshakeTimeout), enough to take
+// the daemon's fds from its sessions, NVMe segments and metrics listener.
+// Real clients say hello at once: hundreds in their handshake at a time is
+// a flood.
+const maxPreHello = 256
+
+// refuseNowWait is how long a connection refused past maxPreHello is held
+// for its hello: short, so a flood's refusals hold few fds at a time.
+const refuseNowWait = 50 * time.Millisecond
+
 // Daemon is a running kvtierd instance.
 type Daemon struct {
 	cfg Config
@@ -92,6 +106,10 @@ type Daemon struct {
 	// adminIdle: how long an admin connection may wait between requests
 	// (the const adminIdle; tests shorten it before Run).
 	adminIdle time.Duration
+	// preHello counts connections not yet past their hello, up to
+	// maxPreHello (a field: tests lower it before Run).
+	preHello    atomic.Int32
+	maxPreHello int32
 	// adminReply: how long a reply on an admin connection may wait for
 	// its peer to read (the const adminReplyTimeout; tests shorten it).
 	adminReply time.Duration
@@ -143,7 +161,7 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now, adminIdle: adminIdle, adminReply: adminReplyTimeout,
+	d := &Daemon{cfg: cfg, log: log, start: time.Now(), sessions: map[uint64]*session{}, sleepBound: sleepBound, deferredWait: deferredWait, now: time.Now, adminIdle: adminIdle, adminReply: adminReplyTimeout, maxPreHello: maxPreHello,
 		maxSpinners: int32(max(1, runtime.NumCPU()/2)), maxHot: int32(runtime.NumCPU())}
 	d.peerLog = rateLimited(log, newLogLimiter())
 	d.procs.init()
@@ -778,6 +796,21 @@ func (d *Daemon) refuse(c *net.UnixConn, code shm.ErrCode, msg string) {
 	}
 }
 
+// refuseNow is refuse with a short linger, for a flood: it must not hold
+// the fd and goroutine it refuses for long. The peer's hello is read
+// first, waiting refuseNowWait at most: closing with it unread would reset
+// the connection and lose the refusal for a client that reads it (a
+// client says hello as soon as it has connected).
+func (d *Daemon) refuseNow(c *net.UnixConn, code shm.ErrCode, msg string) {
+	d.metrics.countRefused(code)
+	d.peerLog.Warn("connection refused", "reason", msg)
+	c.SetDeadline(time.Now().Add(refuseNowWait))
+	_, _, _ = shm.RecvMsg(c, make([]byte, shm.MaxHelloSize), 0)
+	e := shm.ErrorMsg{Code: code, Message: msg}
+	c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+	_ = shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode()))
+}
+
 // allowed reports whether the peer with cred may use the daemon, refusing
 // it as unauthorized when not.
 func (d *Daemon) allowed(c *net.UnixConn, cred *unix.Ucred, log *slog.Logger) bool {
@@ -804,6 +837,13 @@ func (d *Daemon) authorized(c *net.UnixConn) bool {
 // session until either side ends it.
 func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
+	if d.preHello.Add(1) > d.maxPreHello {
+		d.preHello.Add(-1)
+		d.refuseNow(c, shm.CodeBusy, "kvtierd has too many connections in their handshake; try again later")
+		return
+	}
+	helloDone := sync.OnceFunc(func() { d.preHello.Add(-1) })
+	defer helloDone()
 	cred, err := peerCred(c)
 	if err != nil {
 		d.peerLog.Warn("peer credentials unavailable; refusing", "err", err)
@@ -863,6 +903,7 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	}
 	// The peer has spoken: its deadline ends here. Our writes set their own.
 	c.SetReadDeadline(time.Time{})
+	helloDone()
 	if hello.Flags&shm.HelloFlagAdmin != 0 {
 		// Counted, or one process could open them until the daemon has
 		// no fd left for anyone's session.
