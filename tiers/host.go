@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 
@@ -701,13 +702,21 @@ func (h *Host) Disown(hd *Handle) bool {
 	return true
 }
 
+// maxLeases caps a block's leases taken by Acquire. The count is an int32
+// shared with the tiers' own movement pins (a few per block at most), so
+// the cap leaves them room: sessions × leases per session could otherwise
+// wrap it (max_sessions above 2,048 at a million leases each), and a
+// negative count would free a block still read.
+const maxLeases = math.MaxInt32 - 1<<16
+
 // Acquire leases the committed block for key and makes it MRU. Leases are
-// counted; the block is pinned until the last one is released.
+// counted; the block is pinned until the last one is released. A block at
+// maxLeases is not leased again (a miss) until some are released.
 func (h *Host) Acquire(key Key) (*Handle, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	hd := h.index[key]
-	if hd == nil || hd.state != stateCommitted {
+	if hd == nil || hd.state != stateCommitted || hd.leases >= maxLeases {
 		h.misses++
 		return nil, false
 	}
