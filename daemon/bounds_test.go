@@ -135,16 +135,7 @@ func TestAdminConnectionsBounded(t *testing.T) {
 			t.Fatalf("idle admin connection %d: read %v, want EOF (closed by the daemon)", i, err)
 		}
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		c, code := rawAdmin(t, cfg.Socket)
-		c.Close()
-		if code == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("admin connection refused (%d) after the idle ones were closed", code)
-		}
-	}
+	waitAdminWelcomed(t, cfg.Socket, "after the idle ones were closed")
 }
 
 // TestPeerCannotFloodTheLog: every refused handshake logged a warning, so a
@@ -281,17 +272,24 @@ func TestPreHelloConnectionsBounded(t *testing.T) {
 	for _, s := range silent {
 		s.Close()
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		c, code := rawAdmin(t, cfg.Socket)
-		c.Close()
-		if code == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("admin connection refused (%d) 5s after the silent connections hung up", code)
-		}
-	}
+	waitAdminWelcomed(t, cfg.Socket, "5s after the silent connections hung up")
 	if n := r.d.preHello.Load(); n != 0 {
 		t.Fatalf("%d connections counted in their handshake after all hung up or were welcomed", n)
+	}
+}
+
+// waitAdminWelcomed retries an admin connection until it is welcomed,
+// failing the test (saying when) if it is still refused after 5 s.
+func waitAdminWelcomed(t *testing.T, socket, when string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, code := rawAdmin(t, socket)
+		c.Close()
+		if code == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin connection refused (%d) %s", code, when)
+		}
 	}
 }

@@ -777,9 +777,7 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 
 func (d *Daemon) refuse(c *net.UnixConn, code shm.ErrCode, msg string) {
 	d.metrics.countRefused(code)
-	e := shm.ErrorMsg{Code: code, Message: msg}
-	c.SetWriteDeadline(time.Now().Add(handshakeTimeout))
-	if shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode())) != nil {
+	if sendRefusal(c, code, msg, handshakeTimeout) != nil {
 		return
 	}
 	// Closing a Unix socket with unread data (typically the Hello of a peer
@@ -806,9 +804,14 @@ func (d *Daemon) refuseNow(c *net.UnixConn, code shm.ErrCode, msg string) {
 	d.peerLog.Warn("connection refused", "reason", msg)
 	c.SetDeadline(time.Now().Add(refuseNowWait))
 	_, _, _ = shm.RecvMsg(c, make([]byte, shm.MaxHelloSize), 0)
+	_ = sendRefusal(c, code, msg, 10*time.Millisecond)
+}
+
+// sendRefusal writes the refusal message, within bound.
+func sendRefusal(c *net.UnixConn, code shm.ErrCode, msg string, bound time.Duration) error {
 	e := shm.ErrorMsg{Code: code, Message: msg}
-	c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
-	_ = shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode()))
+	c.SetWriteDeadline(time.Now().Add(bound))
+	return shm.SendMsg(c, shm.EncodeMsg(shm.MsgError, shm.ProtocolVersion, e.Encode()))
 }
 
 // allowed reports whether the peer with cred may use the daemon, refusing

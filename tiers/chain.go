@@ -1467,18 +1467,15 @@ func (c *Chain) flush(ctx context.Context, only func(Key) bool) (int, error) {
 		// to survive, and a flush cut short (the stop's budget) leaves its
 		// tail unwritten. Their place in NVMe's recency order does not
 		// matter: it never evicts them.
-		sorted := make([]*Handle, 0, len(hs))
+		var parked, rest []*Handle
 		for _, hd := range hs {
 			if c.isParked(hd.Key) {
-				sorted = append(sorted, hd)
+				parked = append(parked, hd)
+			} else {
+				rest = append(rest, hd)
 			}
 		}
-		for _, hd := range hs {
-			if !c.isParked(hd.Key) {
-				sorted = append(sorted, hd)
-			}
-		}
-		hs = sorted
+		hs = append(parked, rest...)
 	}
 	n, failed := 0, 0
 	var err, werr error
