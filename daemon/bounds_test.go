@@ -9,7 +9,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -104,38 +107,165 @@ func TestAdminConnectionsBounded(t *testing.T) {
 	const n = 200
 	t0 := time.Now()
 	var held []*net.UnixConn
-	busy := 0
 	for range n {
 		c, code := rawAdmin(t, cfg.Socket)
-		switch code {
-		case 0:
-			held = append(held, c)
-		case shm.CodeBusy:
-			busy++
-			c.Close()
-		default:
-			t.Fatalf("admin connection refused with code %d", code)
+		if code != 0 {
+			// Every place is held by an idle connection: the one idle
+			// longest gives its place up (TestAdminHoarderCannotLockOut).
+			t.Fatalf("admin connection refused with code %d while the others sat idle", code)
 		}
+		held = append(held, c)
 	}
 	t.Logf("%d admin hellos in %v", n, time.Since(t0))
-	if len(held) > cfg.Session.MaxAdmin {
-		t.Fatalf("%d idle admin connections held at once (%d refused busy): admin connections are not limited", len(held), busy)
+	// At most session.max_admin of them are open: the others were closed
+	// by the daemon (EOF), the oldest first.
+	var open []*net.UnixConn
+	// One deadline for all (well inside adminIdle): the open ones time out.
+	until := time.Now().Add(200 * time.Millisecond)
+	for i, c := range held {
+		c.SetReadDeadline(until)
+		_, _, err := shm.RecvMsg(c, make([]byte, 4096), 0)
+		switch {
+		case errors.Is(err, io.EOF):
+			if i >= n-cfg.Session.MaxAdmin {
+				t.Fatalf("admin connection %d of %d closed, want the %d newest open", i, n, cfg.Session.MaxAdmin)
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			open = append(open, c)
+		default:
+			t.Fatalf("admin connection %d: read %v", i, err)
+		}
 	}
-	if len(held) != cfg.Session.MaxAdmin {
-		t.Fatalf("%d admin connections welcomed, want session.max_admin = %d", len(held), cfg.Session.MaxAdmin)
+	if len(open) != cfg.Session.MaxAdmin {
+		t.Fatalf("%d idle admin connections held at once, want session.max_admin = %d", len(open), cfg.Session.MaxAdmin)
 	}
 	// Sessions are not admin connections: they still open.
 	if p, code := rawOpen(t, cfg.Socket, rawNS("raw-after-admins", 4096)); p == nil {
 		t.Fatalf("session refused (%d) while admin connections are at their limit", code)
 	}
 	// The idle ones are closed, and their places taken again.
-	for i, c := range held {
+	for i, c := range open {
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, _, err := shm.RecvMsg(c, make([]byte, 4096), 0); !errors.Is(err, io.EOF) {
 			t.Fatalf("idle admin connection %d: read %v, want EOF (closed by the daemon)", i, err)
 		}
 	}
 	waitAdminWelcomed(t, cfg.Socket, "after the idle ones were closed")
+	for _, c := range held {
+		c.Close()
+	}
+}
+
+// TestAdminHoarderCannotLockOut: a process that sent a request now and
+// then (under adminIdle) on each of session.max_admin admin connections
+// held every place for as long as it liked, and kvtierctl was refused busy.
+// The connection waiting longest for its next request now gives its place
+// to a newer one.
+func TestAdminHoarderCannotLockOut(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Session.MaxAdmin = 4
+	startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) { d.adminIdle = 3 * time.Second })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var closed atomic.Int32
+	for i := range cfg.Session.MaxAdmin {
+		c, code := rawAdmin(t, cfg.Socket)
+		if code != 0 {
+			t.Fatalf("hoarder's admin connection %d refused: %d", i, code)
+		}
+		wg.Go(func() {
+			defer c.Close()
+			buf := make([]byte, 1<<16)
+			for ctx.Err() == nil {
+				// A status request every 300 ms, a tenth of the idle bound.
+				if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgStatsReq, shm.ProtocolVersion, nil)); err != nil {
+					closed.Add(1)
+					return
+				}
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, _, err := shm.RecvMsg(c, buf, 0); err != nil {
+					closed.Add(1)
+					return
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(300 * time.Millisecond):
+				}
+			}
+		})
+	}
+	defer func() { cancel(); wg.Wait() }()
+	time.Sleep(time.Second) // the hoarder's loops are running
+	for try := range 3 {
+		c, code := rawAdmin(t, cfg.Socket)
+		if code != 0 {
+			c.Close()
+			if code == shm.CodeBusy && try < 2 {
+				// Every hoarder connection mid-request at once: rare.
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			t.Fatalf("admin connection refused with code %d while a process sending a status request every 300ms on all session.max_admin (%d) connections held them", code, cfg.Session.MaxAdmin)
+		}
+		defer c.Close()
+		// The newcomer is served.
+		if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgStatsReq, shm.ProtocolVersion, nil)); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		raw, _, err := shm.RecvMsg(c, make([]byte, 1<<16), 0)
+		if err != nil {
+			t.Fatalf("status on the newcomer's connection: %v", err)
+		}
+		if typ, _, _, err := shm.DecodeMsg(raw); err != nil || typ != shm.MsgStatsReply {
+			t.Fatalf("status on the newcomer's connection answered with type %d (%v)", typ, err)
+		}
+		break
+	}
+	// The place came from one of the hoarder's connections, which is closed.
+	for deadline := time.Now().Add(5 * time.Second); closed.Load() != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the hoarder's connections closed, want 1 (the place the newcomer took)", closed.Load())
+		}
+	}
+}
+
+// TestAdminToDisplace: the place given up is one of a connection waiting
+// for a request, of the uid holding the most places, the one waiting
+// longest; none while all are answering a request.
+func TestAdminToDisplace(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	tests := []struct {
+		name  string
+		conns []adminConn
+		want  int // index in conns, -1 for none
+	}{
+		{"oldest idle", []adminConn{{uid: 7, since: at(5), seq: 1}, {uid: 7, since: at(2), seq: 2}, {uid: 7, since: at(9), seq: 3}}, 1},
+		{"busy skipped", []adminConn{{uid: 7, since: at(1), seq: 1, busy: true}, {uid: 7, since: at(2), seq: 2}}, 1},
+		{"all busy", []adminConn{{uid: 7, since: at(1), seq: 1, busy: true}, {uid: 0, since: at(2), seq: 2, busy: true}}, -1},
+		{"uid holding most", []adminConn{{uid: 0, since: at(1), seq: 1}, {uid: 1000, since: at(8), seq: 2}, {uid: 1000, since: at(9), seq: 3}}, 1},
+		{"uid holding most idle", []adminConn{{uid: 0, since: at(1), seq: 1}, {uid: 0, since: at(3), seq: 2}, {uid: 1000, since: at(8), seq: 3, busy: true}, {uid: 1000, since: at(8), seq: 4, busy: true}, {uid: 1000, since: at(9), seq: 5}}, 0},
+		{"tie of uids: lowest", []adminConn{{uid: 1000, since: at(1), seq: 1}, {uid: 5, since: at(8), seq: 2}}, 1},
+		{"tie of waits: older", []adminConn{{uid: 5, since: at(3), seq: 2}, {uid: 5, since: at(3), seq: 1}}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := map[*adminConn]struct{}{}
+			for i := range tt.conns {
+				m[&tt.conns[i]] = struct{}{}
+			}
+			for range 20 { // map order must not matter
+				got := adminToDisplace(m)
+				switch {
+				case tt.want < 0 && got != nil:
+					t.Fatalf("displaced uid %d seq %d, want none", got.uid, got.seq)
+				case tt.want >= 0 && got != &tt.conns[tt.want]:
+					t.Fatalf("displaced %+v, want %+v", got, tt.conns[tt.want])
+				}
+			}
+		})
+	}
 }
 
 // TestPeerCannotFloodTheLog: every refused handshake logged a warning, so a

@@ -102,7 +102,10 @@ type Daemon struct {
 	mu       sync.Mutex
 	sessions map[uint64]*session
 	opening  int // sessions past the limit check, not yet in sessions
-	admins   int // admin connections welcomed and not yet ended
+	// admins: admin connections welcomed and not yet ended or displaced,
+	// at most session.max_admin (takeAdmin).
+	admins   map[*adminConn]struct{}
+	adminSeq uint64
 	// adminIdle: how long an admin connection may wait between requests
 	// (the const adminIdle; tests shorten it before Run).
 	adminIdle time.Duration
@@ -910,12 +913,13 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	if hello.Flags&shm.HelloFlagAdmin != 0 {
 		// Counted, or one process could open them until the daemon has
 		// no fd left for anyone's session.
-		if !d.takeAdmin() {
-			d.refuse(c, shm.CodeBusy, fmt.Sprintf("admin connection limit %d reached (session.max_admin); try again later", d.cfg.Session.MaxAdmin))
+		a := &adminConn{c: c, uid: cred.Uid, since: d.now()}
+		if !d.takeAdmin(a, log) {
+			d.refuse(c, shm.CodeBusy, fmt.Sprintf("admin connection limit %d reached (session.max_admin) and none of them idle; try again later", d.cfg.Session.MaxAdmin))
 			return
 		}
-		defer d.releaseAdmin()
-		d.serveAdmin(ctx, c, log)
+		defer d.releaseAdmin(a)
+		d.serveAdmin(ctx, a, log)
 		return
 	}
 	s, err := d.newSession(c, cred, hello, log)
@@ -926,26 +930,120 @@ func (d *Daemon) serveConn(ctx context.Context, c *net.UnixConn) {
 	s.run()
 }
 
-// takeAdmin counts an admin connection in, reporting false at the limit.
-func (d *Daemon) takeAdmin() bool {
+// adminConn is one welcomed admin connection's place under
+// session.max_admin. Its fields are guarded by Daemon.mu.
+type adminConn struct {
+	c        *net.UnixConn
+	uid      uint32
+	busy     bool      // answering a request (not waiting for the next)
+	since    time.Time // when it last began waiting for a request
+	displace bool      // its place was given to a newer connection
+	seq      uint64    // order of welcome: ties go to the older
+}
+
+// takeAdmin gives a an admin place, reporting false when all
+// session.max_admin places are taken by connections answering a request.
+//
+// When every place is taken, the connection that has waited longest for its
+// next request gives its place up, taken from the uid holding the most
+// places: otherwise a process that sends a request now and then on each of
+// session.max_admin connections (under adminIdle, which closes only the
+// silent ones) locks kvtierctl out for as long as it likes. With the
+// places going to the newest connection, such a process keeps at most what
+// others leave it, and another user's kvtierctl always gets in.
+func (d *Daemon) takeAdmin(a *adminConn, log *slog.Logger) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.admins >= d.cfg.Session.MaxAdmin {
-		return false
+	if d.admins == nil {
+		d.admins = map[*adminConn]struct{}{}
 	}
-	d.admins++
+	if len(d.admins) >= d.cfg.Session.MaxAdmin {
+		v := adminToDisplace(d.admins)
+		if v == nil {
+			return false
+		}
+		// Its wait for a request ends now; serveAdmin sees displace and
+		// returns without reading another request.
+		v.displace = true
+		v.c.SetReadDeadline(time.Now())
+		delete(d.admins, v)
+		log.Info("admin connection limit reached (session.max_admin): closing the connection idle longest", "idle_uid", v.uid, "idle", d.now().Sub(v.since).Round(time.Millisecond))
+	}
+	d.adminSeq++
+	a.seq = d.adminSeq
+	d.admins[a] = struct{}{}
 	return true
 }
 
-func (d *Daemon) releaseAdmin() {
+// adminToDisplace picks the admin connection to close for a newer one: of
+// those waiting for a request, one of the uid holding the most places (the
+// lowest uid on a tie, so the choice does not depend on map order), the
+// one waiting longest. Nil when every one is answering a request.
+func adminToDisplace(admins map[*adminConn]struct{}) *adminConn {
+	held := map[uint32]int{}
+	for a := range admins {
+		if !a.busy {
+			held[a.uid]++
+		}
+	}
+	var uid uint32
+	most := 0
+	for u, n := range held {
+		if n > most || (n == most && u < uid) {
+			uid, most = u, n
+		}
+	}
+	var v *adminConn
+	for a := range admins {
+		if a.busy || a.uid != uid {
+			continue
+		}
+		if v == nil || a.since.Before(v.since) || (a.since.Equal(v.since) && a.seq < v.seq) {
+			v = a
+		}
+	}
+	return v
+}
+
+func (d *Daemon) releaseAdmin(a *adminConn) {
 	d.mu.Lock()
-	d.admins--
+	delete(d.admins, a)
 	d.mu.Unlock()
+}
+
+// adminWait marks a as waiting for its next request, with its idle bound,
+// reporting false if its place was given up to a newer connection.
+func (d *Daemon) adminWait(a *adminConn) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a.displace {
+		return false
+	}
+	if a.busy { // else waiting since its welcome (takeAdmin)
+		a.since = d.now()
+	}
+	a.busy = false
+	// Under d.mu: a displacement's deadline must not be overwritten.
+	a.c.SetReadDeadline(time.Now().Add(d.adminIdle))
+	return true
+}
+
+// adminBusy marks a as answering a request, reporting false if its place
+// was given up while it waited (the request is not answered).
+func (d *Daemon) adminBusy(a *adminConn) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a.displace {
+		return false
+	}
+	a.busy = true
+	return true
 }
 
 // serveAdmin answers control-only requests (status, evict) until the peer
 // hangs up.
-func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logger) {
+func (d *Daemon) serveAdmin(ctx context.Context, a *adminConn, log *slog.Logger) {
+	c := a.c
 	w := shm.Welcome{}
 	c.SetWriteDeadline(time.Now().Add(handshakeTimeout))
 	if err := shm.SendMsg(c, shm.EncodeMsg(shm.MsgWelcome, shm.ProtocolVersion, w.Encode())); err != nil {
@@ -963,11 +1061,16 @@ func (d *Daemon) serveAdmin(ctx context.Context, c *net.UnixConn, log *slog.Logg
 	defer stop()
 	buf := make([]byte, 4096)
 	for {
-		c.SetReadDeadline(time.Now().Add(d.adminIdle))
+		if !d.adminWait(a) {
+			return
+		}
 		if ctx.Err() != nil {
-			return // the stop's deadline, which the line above may have moved
+			return // the stop's deadline, which adminWait may have moved
 		}
 		raw, _, err := shm.RecvMsg(c, buf, 0)
+		if !d.adminBusy(a) {
+			return // displaced by a newer connection (takeAdmin)
+		}
 		if errors.Is(err, shm.ErrMalformed) || errors.Is(err, shm.ErrTooManyFDs) {
 			log.Warn("closing admin connection", "reason", err) // any fds were closed
 			return
