@@ -86,7 +86,8 @@ type NVMeConfig struct {
 	// StopBudgetSeconds bounds the stop: its write-down ends this long
 	// after SIGTERM at the latest, whatever the drain of the sessions
 	// took. The default leaves the unit's TimeoutStopSec (90 s) 15 s for
-	// closing Badger and storing the warm-restart snapshot.
+	// closing Badger and storing the warm-restart snapshot. Parked blocks
+	// not yet written down get parkedStopGrace even past it.
 	StopBudgetSeconds int `toml:"stop_budget_s"`
 	// ParkTTLSeconds is how long a parked request is kept without being
 	// resumed or released.

@@ -590,8 +590,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// Parked requests survive a stop whatever flush_on_stop says: those
 	// still queued for their write-through (or held for a retry) when the
 	// chain stopped are in the host tier only (after a full write-down,
-	// none are left to write).
-	if left := budget - d.now().Sub(stopAt); d.nvme != nil && left > 0 {
+	// none are left to write). They get at least parkedStopGrace (within
+	// the budget) even when the drain or the write-down spent the budget:
+	// they are promised to be kept, the rest of the host tier is not.
+	if d.nvme != nil {
+		left := max(budget-d.now().Sub(stopAt), min(parkedStopGrace, budget))
 		fctx, cancel := context.WithTimeout(context.Background(), left)
 		t0 := time.Now()
 		n, ferr := d.chain.FlushParked(fctx)
@@ -714,6 +717,13 @@ func (s *spareFD) close() {
 // flushTimeout bounds a write-down asked for by kvtierctl flush. The one
 // at shutdown has what is left of nvme.stop_budget_s instead.
 const flushTimeout = 60 * time.Second
+
+// parkedStopGrace is the least time a stop gives the parked blocks still
+// queued for their write-down, past nvme.stop_budget_s if the drain or the
+// host tier's write-down spent it (capped by the budget itself): the
+// default budget leaves the unit's TimeoutStopSec 15 s, of which this takes
+// a third at most, and a few seconds write thousands of blocks.
+const parkedStopGrace = 5 * time.Second
 
 // maxStopBudget caps nvme.stop_budget_s: a stop of an hour is already
 // one that systemd's TimeoutStopSec must be raised for on purpose.
