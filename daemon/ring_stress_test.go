@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func runRingStress(t *testing.T, spin int) {
 	cfg.Session.RingEntries = 64
 	cfg.Session.DataBytes = 64 * KiB
 	cfg.Session.SpinMicros = spin
-	startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) { d.sleepBound = time.Hour })
+	r := startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) { d.sleepBound = time.Hour })
 	const (
 		sessions = 6
 		workers  = 3
@@ -60,9 +61,29 @@ func runRingStress(t *testing.T, spin int) {
 	}
 	wg.Wait()
 	close(errc)
+	hung := false
 	for err := range errc {
 		t.Error(err)
+		hung = hung || errors.Is(err, context.DeadlineExceeded)
 	}
+	if hung {
+		// Seen once in CI and not reproduced: leave the evidence.
+		dumpRings(t, r.d)
+	}
+}
+
+// dumpRings logs every session's ring words and, while the sessions still
+// run, the stacks of the process (daemon and clients alike), for a call
+// that hung.
+func dumpRings(t *testing.T, d *Daemon) {
+	d.mu.Lock()
+	for id, s := range d.sessions {
+		t.Logf("session %d: %v; loop stopped %v, deferred %d", id, s.ring, s.stopped(), len(s.deferred))
+	}
+	d.mu.Unlock()
+	t.Logf("spinning loops %d", d.spinners.Load())
+	buf := make([]byte, 1<<20)
+	t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
 }
 
 func ringStressWorker(s *client.Session, seed uint64, batch, rounds, bs int) error {

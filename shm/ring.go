@@ -122,6 +122,15 @@ func NewRing(mem []byte, l RingLayout, init bool) (*Ring, error) {
 	return r, nil
 }
 
+// String reports the ring's shared words (indices and doorbells), for
+// diagnostics: either side may call it at any time, and it reads no state
+// private to a side.
+func (r *Ring) String() string {
+	return fmt.Sprintf("sq tail %d head %d sleep %d seq %d; cq tail %d head %d sleep %d seq %d room %d",
+		r.sqTail.Load(), r.sqHead.Load(), r.sqSleep.Load(), r.sqSeq.Load(),
+		r.cqTail.Load(), r.cqHead.Load(), r.cqSleep.Load(), r.cqSeq.Load(), r.cqRoom.Load())
+}
+
 // Layout returns the ring geometry.
 func (r *Ring) Layout() RingLayout { return r.layout }
 

@@ -446,3 +446,22 @@ func TestDaemonSpin(t *testing.T) {
 		t.Fatal("spin missed its more condition")
 	}
 }
+
+// TestRingString: the diagnostic view shows both sides' shared words as
+// each side moved them, whichever side prints it.
+func TestRingString(t *testing.T) {
+	c, d := heapRings(t, RingLayout{Entries: 8})
+	c.ClientPush(make([]SQE, 5))
+	got := make([]SQE, 3)
+	if n, err := d.DaemonPop(got); n != 3 || err != nil {
+		t.Fatalf("pop %d, %v", n, err)
+	}
+	d.DaemonPush(make([]CQE, 2))
+	d.DaemonInterrupt()
+	want := "sq tail 5 head 3 sleep 0 seq 1; cq tail 2 head 0 sleep 0 seq 0 room 0"
+	for name, r := range map[string]*Ring{"client": c, "daemon": d} {
+		if s := r.String(); s != want {
+			t.Errorf("%s view: %q, want %q", name, s, want)
+		}
+	}
+}
