@@ -56,13 +56,11 @@ func waitSessions(t *testing.T, d *Daemon, want int) {
 	}
 }
 
-// TestRegistryFullReclaimsClosedSessions: a registry filled by sessions
-// that have all closed, holding no block, long unused, admits a new model.
-// It used to refuse every new model for good ("namespace registry full")
-// until an operator wiped the state dir.
-func TestRegistryFullReclaimsClosedSessions(t *testing.T) {
-	const limit = 4
-	cfg := testConfig(t)
+// fillIdleRegistry starts a daemon on cfg whose registry holds limit
+// namespaces and fills it with sessions that all close, then moves the
+// registry's clock an hour on: every namespace is idle.
+func fillIdleRegistry(t *testing.T, cfg Config, limit int) *running {
+	t.Helper()
 	clk := newFakeClock()
 	r := startDaemonWith(t, cfg, slog.New(slog.DiscardHandler), func(d *Daemon) {
 		d.reg.limit, d.reg.now = limit, clk.Now
@@ -76,8 +74,63 @@ func TestRegistryFullReclaimsClosedSessions(t *testing.T) {
 	}
 	waitSessions(t, r.d, 0)
 	clk.Advance(time.Hour)
+	return r
+}
+
+// TestRegistryFullReclaimsClosedSessions: a registry filled by sessions
+// that have all closed, holding no block, long unused, admits a new model.
+// It used to refuse every new model for good ("namespace registry full")
+// until an operator wiped the state dir.
+func TestRegistryFullReclaimsClosedSessions(t *testing.T) {
+	const limit = 4
+	cfg := testConfig(t)
+	fillIdleRegistry(t, cfg, limit)
 	if p, code := rawOpen(t, cfg.Socket, rawNS("newcomer", 4096)); p == nil {
 		t.Fatalf("new model refused (code %d) with a full registry of %d idle namespaces (no session, no block, unused for an hour)", code, limit)
+	}
+}
+
+// TestReclaimDeletesLateBlocks: a block that reached a tier under an idle
+// namespace's id after the reclaim's idle check (a move down the tiers the
+// check missed) kept the reclaimed id: never served again (ids are not
+// reused), out of evict --all's reach (it walks registered ids), holding
+// its space until its tier evicted it. A reclaim now deletes what the
+// tiers hold under the ids it took out.
+func TestReclaimDeletesLateBlocks(t *testing.T) {
+	const limit = 4
+	cfg := testConfig(t)
+	r := fillIdleRegistry(t, cfg, limit)
+	// After the check, a block arrives under each id it found idle.
+	var late []tiers.Key
+	r.d.reg.wmu.Lock()
+	inUse := r.d.reg.inUse
+	r.d.reg.inUse = func(ids map[uint32]struct{}) {
+		inUse(ids)
+		for id := range ids {
+			k := tiers.Key{NS: id, Hash: shm.Hash{Hi: uint64(id), Lo: 1}}
+			h, err := r.d.chain.Reserve(k, 4096)
+			if err != nil {
+				t.Errorf("reserve a late block of namespace %d: %v", id, err)
+				continue
+			}
+			if err := r.d.host.Commit(h); err != nil {
+				t.Errorf("commit a late block of namespace %d: %v", id, err)
+				continue
+			}
+			late = append(late, k)
+		}
+	}
+	r.d.reg.wmu.Unlock()
+	if p, code := rawOpen(t, cfg.Socket, rawNS("newcomer", 4096)); p == nil {
+		t.Fatalf("new model refused (code %d) with a full registry of idle namespaces", code)
+	}
+	if len(late) != limit {
+		t.Fatalf("%d late blocks written, want one per idle namespace (%d)", len(late), limit)
+	}
+	for _, k := range late {
+		if r.d.host.Contains(k) {
+			t.Errorf("host tier still holds a block of reclaimed namespace %d after the reclaim", k.NS)
+		}
 	}
 }
 
@@ -291,7 +344,7 @@ func reclaimRegistry(t *testing.T, dir string, limit int, clk *fakeClock, busy m
 				delete(ids, id)
 			}
 		}
-	}, slog.New(slog.DiscardHandler))
+	}, nil, slog.New(slog.DiscardHandler))
 	for i := range limit {
 		if id, err := r.Register(testSpec(fmt.Sprintf("full-%d", i), 0)); err != nil || id != uint32(i+1) {
 			t.Fatalf("fill: id %d, %v; want %d", id, err, i+1)
@@ -450,7 +503,7 @@ func TestRegistryReclaimConcurrent(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Error("group A did not register its specs within 10s")
 		}
-	}, slog.New(slog.DiscardHandler))
+	}, nil, slog.New(slog.DiscardHandler))
 	old := func(i int) NamespaceSpec { return testSpec(fmt.Sprintf("old-%d", i), 0) }
 	for i := range limit {
 		if _, err := r.Register(old(i)); err != nil {

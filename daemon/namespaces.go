@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -107,8 +108,8 @@ type journalHeader struct {
 // never reused (nextID only grows, and the id space is 32,768 times
 // maxNamespaces), so anything still naming a reclaimed id (a block that
 // raced the check) can never name another model: it is never served, and
-// goes as its tier evicts it (a warm restart drops it as unknown). A
-// reclaimed spec that comes back gets a new id.
+// the reclaim deletes it from every tier once the new id is registered
+// (setReclaim's dropped). A reclaimed spec that comes back gets a new id.
 type Registry struct {
 	path  string
 	jpath string
@@ -136,9 +137,12 @@ type Registry struct {
 	t0   time.Time
 
 	// Reclaim (under wmu): inUse removes from ids every namespace in use;
-	// nil (a registry without a daemon) never reclaims. nextReclaim is the
-	// stamp before which no reclaim pass runs again.
+	// nil (a registry without a daemon) never reclaims. dropped, after
+	// each reclaim, deletes whatever the tiers still hold under the ids
+	// taken out. nextReclaim is the stamp before which no reclaim pass
+	// runs again.
 	inUse        func(ids map[uint32]struct{})
+	dropped      func(ids []uint32)
 	log          *slog.Logger
 	nextReclaim  int64
 	grace, every time.Duration // reclaimGrace, reclaimEvery; tests change them
@@ -396,12 +400,32 @@ func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 	if err := spec.Validate(); err != nil {
 		return 0, err
 	}
+	id, drop, err := r.register(spec)
+	var dropped func([]uint32)
+	if len(drop) > 0 {
+		r.wmu.Lock()
+		dropped = r.dropped
+		r.wmu.Unlock()
+	}
+	if dropped != nil {
+		// Outside wmu: a walk of every tier must not hold up other
+		// Registers. A block that reached a tier under a reclaimed id
+		// after the idle check (a move down the tiers it missed) would
+		// otherwise stay, never served and out of evict's reach, until
+		// its tier evicted it.
+		dropped(slices.Sorted(maps.Keys(drop)))
+	}
+	return id, err
+}
+
+// register is Register under wmu; it also returns the ids it reclaimed.
+func (r *Registry) register(spec NamespaceSpec) (uint32, map[uint32]int64, error) {
 	r.mu.RLock()
 	id, ok := r.bySpec[spec]
 	u := r.used[id]
 	r.mu.RUnlock()
 	if ok && r.touch(u) {
-		return id, nil
+		return id, nil, nil
 	}
 
 	r.wmu.Lock()
@@ -410,7 +434,7 @@ func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 	// and no reclaim is under way.
 	if id, ok := r.bySpec[spec]; ok {
 		r.touch(r.used[id])
-		return id, nil // registered while we waited
+		return id, nil, nil // registered while we waited
 	}
 	var drop map[uint32]int64
 	if len(r.byID) >= r.limit {
@@ -419,28 +443,28 @@ func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 		switch {
 		case len(drop) > 0:
 		case r.inUse == nil:
-			return 0, fmt.Errorf("namespace registry full (%d namespaces)", r.limit)
+			return 0, nil, fmt.Errorf("namespace registry full (%d namespaces)", r.limit)
 		case wait > 0:
-			return 0, fmt.Errorf("namespace registry full (%d namespaces; next reclaim of idle ones in %s)", r.limit, wait.Round(time.Second))
+			return 0, nil, fmt.Errorf("namespace registry full (%d namespaces; next reclaim of idle ones in %s)", r.limit, wait.Round(time.Second))
 		default:
-			return 0, fmt.Errorf("namespace registry full (%d namespaces, none idle: each has a session, a block in a tier, or was used in the last %s)", r.limit, r.grace)
+			return 0, nil, fmt.Errorf("namespace registry full (%d namespaces, none idle: each has a session, a block in a tier, or was used in the last %s)", r.limit, r.grace)
 		}
 	}
 	id = r.nextID
 	if id == 0 || id > maxNamespaceID {
 		r.giveBack(drop)
-		return 0, errors.New("namespace ids exhausted")
+		return 0, nil, errors.New("namespace ids exhausted")
 	}
 	// Persist before publishing: an id a client has seen must survive a crash.
 	rec := registryRecord{ID: id, Spec: spec}
 	if len(drop) == 0 && r.journalOK && id < r.reserveEnd {
 		if err := r.appendJournal(rec); err != nil {
 			r.journalOK = false // it may end in a torn line: compact next time
-			return 0, err
+			return 0, nil, err
 		}
 	} else if err := r.compact(&rec, drop); err != nil {
 		r.giveBack(drop)
-		return 0, err
+		return 0, nil, err
 	}
 	stamp := new(atomic.Int64)
 	stamp.Store(r.stamp())
@@ -461,7 +485,7 @@ func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 		r.log.Info("namespace registry full: reclaimed idle namespaces (no session, no block, unused)",
 			"reclaimed", len(drop), "namespaces", n, "limit", r.limit, "unused_for", r.grace, "new_id", id)
 	}
-	return id, nil
+	return id, drop, nil
 }
 
 // stamp is now on the registry's clock, for used.
@@ -528,12 +552,13 @@ func (r *Registry) giveBack(drop map[uint32]int64) {
 }
 
 // setReclaim lets a full registry reclaim idle namespaces: inUse removes
-// from ids every namespace still in use (a session, a block), and log
-// says how many were reclaimed.
-func (r *Registry) setReclaim(inUse func(ids map[uint32]struct{}), log *slog.Logger) {
+// from ids every namespace still in use (a session, a block), dropped
+// deletes what the tiers hold under the ids reclaimed, and log says how
+// many were reclaimed.
+func (r *Registry) setReclaim(inUse func(ids map[uint32]struct{}), dropped func(ids []uint32), log *slog.Logger) {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
-	r.inUse, r.log = inUse, log
+	r.inUse, r.dropped, r.log = inUse, dropped, log
 }
 
 // Reclaimed returns how many idle namespaces the registry has reclaimed

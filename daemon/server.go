@@ -242,7 +242,11 @@ func NewContext(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, err
 	d.gpus = openGPUs(cfg, d.chain, d.arena.Bytes(), log)
 	// After the warm adoption, which looks ids up: nothing is reclaimed
 	// before the first session's Register.
-	d.reg.setReclaim(d.dropInUse, log)
+	d.reg.setReclaim(d.dropInUse, func(ids []uint32) {
+		if n := d.deleteNamespaces(ids); n > 0 {
+			log.Warn("blocks of reclaimed namespaces deleted (they reached a tier after the idle check)", "blocks", n, "namespaces", len(ids))
+		}
+	}, log)
 	log.Info("replacement policy", "name", d.chain.PolicyName())
 	log.Info("host tier ready", "capacity", cfg.Host.Capacity.String(), "slab", cfg.Host.SlabBytes.String(),
 		"hugepages", d.arena.Huge, "took", time.Since(t0).Round(time.Millisecond))
