@@ -675,7 +675,9 @@ var ErrParked = errors.New("kvtier: request already parked")
 // until resumed, unparked or the daemon's park TTL, and never dropped for
 // space while the disk has room. Blocks the disk has no room for stay in
 // host memory, held for a retry up to half the host tier and evictable
-// beyond it (kvtier_errors_total{kind="park"} counts them). A Park that fails parks nothing (with
+// beyond it (kvtier_errors_total{kind="park"} counts them). Parked blocks may hold at most the
+// daemon's nvme.parked_share of the disk tier: past it Park fails with ErrFull and the engine
+// recomputes the request when it resumes it instead. A Park that fails parks nothing (with
 // ErrParked, the request parked before stays as it was).
 //
 // Request ids are those of the namespace, not of the session: any session

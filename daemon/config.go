@@ -92,6 +92,11 @@ type NVMeConfig struct {
 	// ParkTTLSeconds is how long a parked request is kept without being
 	// resumed or released.
 	ParkTTLSeconds int `toml:"park_ttl_s"`
+	// ParkedShare caps the parked blocks on NVMe at this fraction of its
+	// budget: past it a Park is refused (ErrFull) and the engine
+	// recomputes, so one engine parking without end cannot evict every
+	// other model's cache. 1: the whole budget.
+	ParkedShare float64 `toml:"parked_share"`
 }
 
 // LogConfig selects the slog handler.
@@ -253,7 +258,7 @@ func (e env) base() Config {
 		Auth: AuthConfig{UIDs: []uint32{uint32(euid)}},
 		Host: HostConfig{SlabBytes: defaultSlabBytes, Prefault: true, HighWatermark: 0.95, LowWatermark: 0.85,
 			Policy: policy.Default},
-		NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, StopBudgetSeconds: 75, ParkTTLSeconds: 3600},
+		NVMe:    NVMeConfig{Enabled: true, FlushOnStop: true, StopBudgetSeconds: 75, ParkTTLSeconds: 3600, ParkedShare: 0.5},
 		Metrics: MetricsConfig{Listen: defaultMetricsListen},
 		EBPF:    EBPFConfig{Enabled: true},
 		GPU:     GPUConfig{Enabled: true, ArenaFraction: 0.5, HighWatermark: 0.9, LowWatermark: 0.8},
@@ -472,6 +477,9 @@ func (c *Config) validate(capSlab ByteSize) error {
 	}
 	if t := c.NVMe.ParkTTLSeconds; t <= 0 || int64(t) > math.MaxInt64/int64(time.Second) {
 		bad("nvme.park_ttl_s", "must be between 1 and %d, got %d", math.MaxInt64/int64(time.Second), t)
+	}
+	if f := c.NVMe.ParkedShare; !(f > 0 && f <= 1) {
+		bad("nvme.parked_share", "must be in (0, 1], got %v", f)
 	}
 	if t := c.NVMe.StopBudgetSeconds; t <= 0 || t > maxStopBudget {
 		bad("nvme.stop_budget_s", "must be between 1 and %d, got %d", maxStopBudget, t)

@@ -241,6 +241,8 @@ var (
 	descSessionsOpen = desc("sessions_opened_total", "Sessions opened since start.")
 	descParked       = desc("parked_blocks", "Blocks of parked (swapped-out) requests held by the daemon.")
 	descParkExpired  = desc("parked_expired_total", "Parked blocks deleted because their TTL passed.")
+	descParkRefused  = desc("park_refused_total", "Parked block reservations refused because parked blocks hold nvme.parked_share of the NVMe tier (the engine's Park fails with ErrFull and it recomputes instead).")
+	descParkedBytes  = desc("parked_nvme_bytes", "Bytes of parked blocks on the NVMe tier, capped near nvme.parked_share of its budget.")
 	descNSReclaimed  = desc("namespaces_reclaimed_total", "Idle namespaces (no session, no block in any tier, not registered for 10 minutes) the full namespace registry forgot to admit new ones.")
 	descErrors       = desc("errors_total", "Errors by kind: hostile_session, checksum_miss, demote, promote, park, policy_event_drop, refused_connection.", "kind")
 
@@ -273,7 +275,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descTierHits, descTierMisses, descTierBytes, descTierBlocks, descTierCapacity, descTierEvictions,
 		descHostReserved, descHostLeased, descHostCompactions,
 		descMoves, descMovedBytes, descMoveErrors, descPrefetch, descPrefDrops, descRefused, descOversize,
-		descSessions, descSessionsOpen, descParked, descParkExpired, descNSReclaimed, descErrors,
+		descSessions, descSessionsOpen, descParked, descParkExpired, descParkRefused, descParkedBytes, descNSReclaimed, descErrors,
 		descGPULeased, descGPUReserved, descGPUDemotions, descGPUFallbacks, descGPUCompactErr,
 		descQuarantined, descQuarantTotal,
 		descNVMeDisk, descNVMeLimit, descNVMePuts, descNVMeWrites, descNVMeReads, descNVMeNoSpace, descNVMeGC,
@@ -366,6 +368,8 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descOversize, cs.OversizeDrops)
 	gauge(descParked, float64(cs.ParkedBlocks))
 	counter(descParkExpired, cs.ParkExpired)
+	counter(descParkRefused, cs.ParkRefused)
+	gauge(descParkedBytes, float64(cs.ParkedNVMeBytes))
 
 	d.mu.Lock()
 	open := len(d.sessions)

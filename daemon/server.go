@@ -272,6 +272,7 @@ func (d *Daemon) chainConfig() tiers.ChainConfig {
 	return tiers.ChainConfig{
 		HighWatermark: d.cfg.Host.HighWatermark, LowWatermark: d.cfg.Host.LowWatermark, Logger: d.log,
 		ParkTTL:       time.Duration(d.cfg.NVMe.ParkTTLSeconds) * time.Second,
+		ParkedShare:   d.cfg.NVMe.ParkedShare,
 		ParkStatePath: filepath.Join(d.cfg.StateDir, parkStateFile),
 		Policy:        d.cfg.Host.Policy,
 		ObserveSwapIn: d.metrics.swapInHook(), ObserveSwapOut: d.metrics.swapOutHook(),

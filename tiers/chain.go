@@ -31,6 +31,15 @@ type ChainConfig struct {
 	// ParkTTL bounds how long a parked request is kept without being
 	// resumed or released.
 	ParkTTL time.Duration
+	// ParkedShare caps the parked blocks on NVMe at this fraction of its
+	// logical budget (0 or 1: the whole budget, as ordinary blocks yield
+	// to them):
+	// a Reserve of a parked block past it is ErrFull, so one engine that
+	// parks without end cannot evict every other model's cache, and the
+	// engine recomputes instead (vLLM's bounded swap space). A soft cap:
+	// parks still on their way down (in the host tier, at most what it
+	// holds) are not counted.
+	ParkedShare float64
 	// ParkStatePath, if set, is where Wait stores the parked blocks'
 	// expiries and the next NewChain reads them (Start removes them;
 	// park_persist.go), so that a restart does not give them a fresh TTL.
@@ -176,6 +185,7 @@ type Chain struct {
 	promoted, promotedBytes   atomic.Uint64
 	demoteErrors, promoteErrs atomic.Uint64
 	prefetches, prefetchDrops atomic.Uint64
+	parkRefused               atomic.Uint64 // parked reservations refused by ParkedShare
 	parkErrors, parkExpired   atomic.Uint64
 	polDrops                  atomic.Uint64
 	promoteLost               atomic.Uint64
@@ -803,6 +813,10 @@ func (c *Chain) Reserve(k Key, size int64) (*Handle, error) {
 	if c.inNVMe(k) {
 		return nil, ErrExists
 	}
+	if k.Parked() && c.parkedOverShare(size) {
+		c.parkRefused.Add(1)
+		return nil, fmt.Errorf("%w: parked blocks hold their share of the nvme tier", ErrFull)
+	}
 	hd, err := c.Host.Reserve(k, size)
 	if errors.Is(err, ErrExists) && c.disownDeletedPromotion(k) {
 		// The key was held by the reservation of a promotion of a block
@@ -811,6 +825,16 @@ func (c *Chain) Reserve(k Key, size int64) (*Handle, error) {
 		hd, err = c.Host.Reserve(k, size)
 	}
 	return hd, err
+}
+
+// parkedOverShare reports whether a parked block of size bytes would take
+// the parked blocks on NVMe past ChainConfig.ParkedShare of its budget.
+func (c *Chain) parkedOverShare(size int64) bool {
+	share := c.cfg.ParkedShare
+	if c.NVMe == nil || share <= 0 || share >= 1 {
+		return false
+	}
+	return float64(c.NVMe.UnevictableBytes()+size) > share*float64(c.NVMe.LogicalBudget())
 }
 
 // disownDeletedPromotion takes k's place in the host index from the
@@ -1930,6 +1954,8 @@ type ChainStats struct {
 	Prefetches, PrefetchDropped uint64
 	ParkedBlocks                int
 	ParkErrors, ParkExpired     uint64
+	ParkRefused                 uint64        // parked reservations refused: the parked blocks' share of NVMe is full
+	ParkedNVMeBytes             int64         // bytes of parked blocks on NVMe
 	PromoteLost                 uint64        // evicted from NVMe before the promotion read it
 	RefusedDrops                uint64        // host blocks the policy did not admit, dropped to make room
 	OversizeDrops               uint64        // host blocks too large for NVMe, dropped to make room
@@ -1946,8 +1972,15 @@ func (c *Chain) Stats() ChainStats {
 		DemoteErrors: c.demoteErrors.Load(), PromoteErrors: c.promoteErrs.Load(), PromoteLost: c.promoteLost.Load(),
 		RefusedDrops: c.refusedDrops.Load(), OversizeDrops: c.oversizeDrops.Load(),
 		Prefetches: c.prefetches.Load(), PrefetchDropped: c.prefetchDrops.Load(),
-		ParkedBlocks: c.ParkedBlocks(), ParkErrors: c.parkErrors.Load(), ParkExpired: c.parkExpired.Load(),
+		ParkedBlocks: c.ParkedBlocks(), ParkErrors: c.parkErrors.Load(), ParkExpired: c.parkExpired.Load(), ParkRefused: c.parkRefused.Load(),
 		SwapIn: time.Duration(c.swapInNanos.Load()), SwapOut: time.Duration(c.swapOutNanos.Load()),
-		PolicyEventDrops: c.polDrops.Load(),
+		PolicyEventDrops: c.polDrops.Load(), ParkedNVMeBytes: c.parkedNVMeBytes(),
 	}
+}
+
+func (c *Chain) parkedNVMeBytes() int64 {
+	if c.NVMe == nil {
+		return 0
+	}
+	return c.NVMe.UnevictableBytes()
 }

@@ -12,6 +12,11 @@ type index struct {
 	tail  int32  // least recently used
 	bytes int64  // sum of sizes
 	walks uint64 // calls of walk (Stats.IndexWalks)
+	// pinned, if set, marks the keys whose sizes pinnedBytes sums (the
+	// store's Unevictable: parked blocks), kept here where every entry
+	// comes and goes.
+	pinned      func(Key) bool
+	pinnedBytes int64
 }
 
 type entry struct {
@@ -89,6 +94,9 @@ func (x *index) put(k Key, size int64, seg uint32, cold bool) int64 {
 		x.ents[i].size = size
 		x.ents[i].seg = seg
 		x.bytes += size - old
+		if x.pinned != nil && x.pinned(k) {
+			x.pinnedBytes += size - old
+		}
 		x.unlink(i)
 		if cold {
 			x.pushBack(i)
@@ -108,6 +116,9 @@ func (x *index) put(k Key, size int64, seg uint32, cold bool) int64 {
 	x.ents[i] = entry{key: k, size: size, seg: seg, prev: nilIdx, next: nilIdx}
 	x.m[k] = i
 	x.bytes += size
+	if x.pinned != nil && x.pinned(k) {
+		x.pinnedBytes += size
+	}
 	if cold {
 		x.pushBack(i)
 	} else {
@@ -126,6 +137,9 @@ func (x *index) remove(k Key) (int64, uint32) {
 	x.unlink(i)
 	sz := x.ents[i].size
 	x.bytes -= sz
+	if x.pinned != nil && x.pinned(k) {
+		x.pinnedBytes -= sz
+	}
 	delete(x.m, k)
 	x.ents[i] = entry{prev: nilIdx, next: x.free}
 	x.free = i

@@ -83,24 +83,27 @@ const MinCapacity = 64 << 20
 
 // Stats is a snapshot of the store.
 type Stats struct {
-	Blocks          int   // blocks in the index (not counting those a Delete hid)
-	Bytes           int64 // logical bytes (payload sizes) of those blocks
-	DiskBytes       int64 // allocated bytes of the directory (LSM + value log + manifest/WAL), last measurement
-	Capacity        int64
-	LogicalLimit    int64 // current eviction threshold for logical bytes (+per-block overhead)
-	Hits, Misses    uint64
-	ChecksumMisses  uint64 // reads that failed verification (also counted in Misses)
-	Evictions       uint64 // blocks removed to stay under the budget
-	Puts            uint64
-	NoSpace         uint64 // Puts rejected with ErrNoSpace
-	GCRuns          uint64 // segment files removed (emptied by deletes or compaction)
-	Relocated       uint64 // blocks moved by segment compaction
-	SegmentWrites   uint64 // segment file writes: one per Put, per chunk of a PutBatch, per relocated block
-	SegmentReads    uint64 // segment file reads: one per Get, per relocated block, per run of back-to-back records of a GetBatch
-	IndexWalks      uint64 // walks of the whole index under the store's lock (deletes of namespaces, Keys, Namespaces)
-	ReindexBlocks   int
-	ReindexDuration time.Duration
-	MovedAside      string // non-empty if Open found the directory corrupt and moved it here
+	Blocks int   // blocks in the index (not counting those a Delete hid)
+	Bytes  int64 // logical bytes (payload sizes) of those blocks
+	// UnevictableBytes is the part of Bytes that Options.Unevictable
+	// marks (parked blocks).
+	UnevictableBytes int64
+	DiskBytes        int64 // allocated bytes of the directory (LSM + value log + manifest/WAL), last measurement
+	Capacity         int64
+	LogicalLimit     int64 // current eviction threshold for logical bytes (+per-block overhead)
+	Hits, Misses     uint64
+	ChecksumMisses   uint64 // reads that failed verification (also counted in Misses)
+	Evictions        uint64 // blocks removed to stay under the budget
+	Puts             uint64
+	NoSpace          uint64 // Puts rejected with ErrNoSpace
+	GCRuns           uint64 // segment files removed (emptied by deletes or compaction)
+	Relocated        uint64 // blocks moved by segment compaction
+	SegmentWrites    uint64 // segment file writes: one per Put, per chunk of a PutBatch, per relocated block
+	SegmentReads     uint64 // segment file reads: one per Get, per relocated block, per run of back-to-back records of a GetBatch
+	IndexWalks       uint64 // walks of the whole index under the store's lock (deletes of namespaces, Keys, Namespaces)
+	ReindexBlocks    int
+	ReindexDuration  time.Duration
+	MovedAside       string // non-empty if Open found the directory corrupt and moved it here
 }
 
 const (
@@ -530,6 +533,7 @@ func (s *Store) reindex(ctx context.Context) error {
 		i   int32
 	}
 	x := newIndex(0)
+	x.pinned = s.opts.Unevictable
 	var order []kv
 	var bad [][]byte
 	var badSeg uint32 // the largest segment id a dropped record names
@@ -1721,12 +1725,15 @@ func (s *Store) Namespaces(fn func(ns uint32)) {
 // Stats returns a snapshot of the counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
-	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, LogicalLimit: s.limit(), IndexWalks: s.idx.walks}
+	st := Stats{Blocks: s.idx.len(), Bytes: s.idx.bytes, UnevictableBytes: s.idx.pinnedBytes, LogicalLimit: s.limit(), IndexWalks: s.idx.walks}
 	for k := range s.hidden {
 		// Deleted as far as callers know (its deleter waits for a lock).
 		if i, ok := s.idx.get(k); ok {
 			st.Blocks--
 			st.Bytes -= s.idx.ents[i].size
+			if s.idx.pinned != nil && s.idx.pinned(k) {
+				st.UnevictableBytes -= s.idx.ents[i].size
+			}
 		}
 	}
 	s.mu.Unlock()
@@ -1741,6 +1748,19 @@ func (s *Store) Stats() Stats {
 	st.ReindexBlocks, st.ReindexDuration = s.reindexBlocks, s.reindexDuration
 	st.MovedAside = s.movedAside
 	return st
+}
+
+// LogicalBudget is how many logical bytes (payloads plus a per-block
+// charge) the on-disk budget holds, before the adaptive penalty that a
+// disk fuller than expected applies: what blocks can fill.
+func (s *Store) LogicalBudget() int64 { return s.bud.Load().baseLimit }
+
+// UnevictableBytes is Stats().UnevictableBytes without the rest: cheap
+// enough for a check per Put (blocks a Delete is hiding still count).
+func (s *Store) UnevictableBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.idx.pinnedBytes
 }
 
 // Close stops the maintenance goroutine, waits for operations in flight,

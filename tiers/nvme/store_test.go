@@ -307,3 +307,61 @@ func TestMain_noLeftovers(t *testing.T) {
 		t.Fatalf("lock file: %v", err)
 	}
 }
+
+// TestUnevictableBytes: the store sums the sizes of the blocks its
+// Unevictable marks (parked requests: the tier chain caps them) through
+// every way a block comes and goes, and again from disk at Open.
+func TestUnevictableBytes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nvme")
+	open := func() *Store {
+		s, err := Open(context.Background(), Options{Dir: dir, CapacityBytes: 64 << 20, Logger: quietLogger(),
+			Unevictable: func(k Key) bool { return k.NS == 9 }})
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		return s
+	}
+	s := open()
+	check := func(when string, want int64) {
+		t.Helper()
+		if got := s.UnevictableBytes(); got != want {
+			t.Fatalf("%s: UnevictableBytes %d, want %d", when, got, want)
+		}
+		if got := s.Stats().UnevictableBytes; got != want {
+			t.Fatalf("%s: Stats().UnevictableBytes %d, want %d", when, got, want)
+		}
+	}
+	put := func(k Key, size int) {
+		t.Helper()
+		if err := s.Put(k, payloadFor(k, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, sz := range []int{1000, 2000, 3000} {
+		put(testKey(9, uint64(i)), sz)
+		put(testKey(1, uint64(i)), 7000)
+	}
+	check("after puts", 6000)
+	put(testKey(9, 0), 500) // overwritten smaller
+	check("after an overwrite", 5500)
+	if err := s.Delete(testKey(9, 1)); err != nil {
+		t.Fatal(err)
+	}
+	check("after a delete", 3500)
+	if _, err := s.DeleteNS(1); err != nil { // ordinary blocks only
+		t.Fatal(err)
+	}
+	check("after deleting another namespace", 3500)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open()
+	check("after a reopen", 3500)
+	if _, err := s.DeleteNS(9); err != nil {
+		t.Fatal(err)
+	}
+	check("after deleting their namespace", 0)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
