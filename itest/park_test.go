@@ -91,6 +91,8 @@ func newParkRig(t *testing.T, name string) *parkRig {
 	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
 		withNVMe(c)
 		c.NVMe.Capacity = 64 << 20
+		// These tests fill the whole budget with parked blocks.
+		c.NVMe.ParkedShare = 1
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
