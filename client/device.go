@@ -199,16 +199,25 @@ func (op *DeviceOp) Stored() int {
 }
 
 // beginDev counts a device op of the session in flight; Close waits for
-// them, because the daemon frees a closed session's slots at once while the
-// device may still be copying into or out of them.
+// its copies, because the daemon frees a closed session's slots at once
+// while the device may still be copying into or out of them, and (bounded)
+// for its commits.
 func (s *Session) beginDev() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return ErrClosed
 	}
+	s.devCopies.Add(1)
 	s.devOps.Add(1)
 	return nil
+}
+
+// endDev ends an op beginDev counted that queued no copy (completeStream
+// ends the others, the copies as their event completes).
+func (s *Session) endDev() {
+	s.devCopies.Done()
+	s.devOps.Done()
 }
 
 // PutFromDeviceAsync stores the block at src (device memory of this
@@ -241,7 +250,7 @@ func (s *Session) PutFromDeviceBatch(ctx context.Context, hashes []Hash, srcs []
 	}
 	rs, rerr := s.reserveBatch(ctx, hashes, shm.SQEFlagDevice)
 	if rs == nil {
-		s.devOps.Done()
+		s.endDev()
 		return nil, fmt.Errorf("put from device: %w", rerr)
 	}
 	op := &DeviceOp{put: true, ctx: ctx, hashes: hashes, tiers: make([]Tier, len(hashes)), res: rs,
@@ -268,7 +277,7 @@ func (s *Session) PutFromDeviceBatch(ctx context.Context, hashes []Hash, srcs []
 	if queued == 0 && op.failed == nil {
 		// Nothing to copy: every block was cached already or refused.
 		op.finish(nil)
-		s.devOps.Done()
+		s.endDev()
 		if rerr != nil {
 			return nil, fmt.Errorf("put from device: %w", rerr)
 		}
@@ -310,7 +319,7 @@ func (s *Session) GetToDeviceBatch(ctx context.Context, hashes []Hash, dsts []cu
 	}
 	ls, err := s.acquireBatch(ctx, hashes, shm.SQEFlagDevice)
 	if err != nil {
-		s.devOps.Done()
+		s.endDev()
 		return nil, fmt.Errorf("get to device: %w", err)
 	}
 	op := &DeviceOp{hashes: hashes, tiers: make([]Tier, len(hashes)), leases: ls, c: s.c, s: s, done: make(chan struct{})}
@@ -335,7 +344,7 @@ func (s *Session) GetToDeviceBatch(ctx context.Context, hashes []Hash, dsts []cu
 	}
 	if queued == 0 && op.failed == nil {
 		op.finish(nil) // all misses
-		s.devOps.Done()
+		s.endDev()
 		return op, nil
 	}
 	return s.queueDev(op, stream)
@@ -411,6 +420,7 @@ func (c *Client) completeStream(stream cudaipc.Stream, q *streamQueue) {
 			c.recycle(op.ev)
 			op.ev = nil
 		}
+		op.s.devCopies.Done()
 		op.finish(err)
 		op.s.devOps.Done()
 	}

@@ -37,13 +37,7 @@ func newDevRig(t *testing.T, n int) *devRig {
 	// The daemon starts before the emulated GPU exists: its GPU tier is off,
 	// and the client (same process) could not open its arena anyway.
 	sock := startDaemon(t)
-	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
-	devs, err := cudaipc.Devices()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev := devs[0]
-	t.Cleanup(func() { dev.Close() })
+	dev := emulatedDevice(t)
 	ctx := context.Background()
 	c, err := client.Dial(ctx, client.Options{Socket: sock, Device: dev})
 	if err != nil {
@@ -73,6 +67,19 @@ func newDevRig(t *testing.T, n int) *devRig {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// emulatedDevice opens an emulated GPU of 64 MiB for the test.
+func emulatedDevice(t *testing.T) cudaipc.Device {
+	t.Helper()
+	t.Setenv(cudaipc.EnvEmulatedGPUs, "1:64MiB")
+	devs, err := cudaipc.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := devs[0]
+	t.Cleanup(func() { dev.Close() })
+	return dev
 }
 
 func (r *devRig) payload(i int) []byte {

@@ -1,6 +1,9 @@
 package client
 
-import "runtime"
+import (
+	"runtime"
+	"time"
+)
 
 // DispatchThenKill stands for an interleaving of the session's own
 // goroutines: another poller (a concurrent caller or the reaper) dispatches
@@ -25,4 +28,12 @@ func DispatchThenKill(s *Session) {
 func SetReaperExitHook(f func()) (restore func()) {
 	testReaperExit = f
 	return func() { testReaperExit = nil }
+}
+
+// SetCloseAnswerWait changes how long Close waits for the answers of device
+// puts' commits; the returned func restores it.
+func SetCloseAnswerWait(d time.Duration) (restore func()) {
+	old := closeAnswerWait
+	closeAnswerWait = d
+	return func() { closeAnswerWait = old }
 }

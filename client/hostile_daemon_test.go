@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/shm"
 )
 
@@ -180,7 +181,13 @@ func (f *fakeDaemon) accept() {
 // open dials the fake daemon and opens a session on it.
 func (f *fakeDaemon) open(t *testing.T) (*client.Client, *client.Session, *shm.Ring) {
 	t.Helper()
-	c, err := client.Dial(context.Background(), client.Options{Socket: f.sock, DialTimeout: 2 * time.Second})
+	return f.openWith(t, nil)
+}
+
+// openWith is open with a device for the client (nil: none).
+func (f *fakeDaemon) openWith(t *testing.T, dev cudaipc.Device) (*client.Client, *client.Session, *shm.Ring) {
+	t.Helper()
+	c, err := client.Dial(context.Background(), client.Options{Socket: f.sock, DialTimeout: 2 * time.Second, Device: dev})
 	if err != nil {
 		t.Fatal(err)
 	}

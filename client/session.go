@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvtier/kvtier/cudaipc"
 	"github.com/kvtier/kvtier/internal/memcopy"
@@ -27,9 +28,10 @@ type Session struct {
 	// contexts, nor Close.
 	dialing    chan struct{}
 	dialCancel context.CancelFunc
-	// devOps counts device ops whose copies may still run (device.go);
-	// Add only under mu while !closed.
-	devOps sync.WaitGroup
+	// devCopies counts device ops whose copies may still run, devOps
+	// those not finished (their commits or releases sent, a commit's
+	// answer in); both Add only under mu while !closed (device.go).
+	devCopies, devOps sync.WaitGroup
 	// closeDone is closed when the first Close has finished; later Closes
 	// wait for it.
 	closeDone chan struct{}
@@ -106,9 +108,12 @@ func (s *Session) conn(ctx context.Context) (*conn, error) {
 
 // Close ends the session. Open leases stay readable until released. Device
 // copies in flight (DeviceOp) are waited for first: their events complete,
+// so that no slot goes back to the daemon while a copy still touches it;
 // then their reservations are committed (or aborted) and their leases
-// released, so that no slot goes back to the daemon while a copy still
-// touches it. A Close that finds another in progress waits for it.
+// released. Close waits for the commits' answers up to closeAnswerWait: a
+// daemon that stopped answering (SIGSTOP, a hung disk) does not hold the
+// engine's Close for good (those puts then end with the connection's
+// error). A Close that finds another in progress waits for it.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -126,7 +131,8 @@ func (s *Session) Close() error {
 	if dialing != nil {
 		<-dialing
 	}
-	s.devOps.Wait()
+	s.devCopies.Wait()
+	waitBounded(&s.devOps, closeAnswerWait)
 	s.mu.Lock()
 	cn := s.cur
 	s.mu.Unlock()
@@ -134,8 +140,27 @@ func (s *Session) Close() error {
 		cn.kill(ErrClosed)
 		cn.wait()
 	}
+	s.devOps.Wait() // at once now: the connection's death ends every wait
 	s.c.forget(s)
 	return nil
+}
+
+// closeAnswerWait bounds how long Close waits for the daemon to answer the
+// commits of device puts whose copies are done (a var: tests shorten it).
+var closeAnswerWait = 5 * time.Second
+
+// waitBounded waits for wg for at most d, reporting whether it is done.
+func waitBounded(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 func statusErr(st shm.Status) error {
