@@ -757,7 +757,8 @@ func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) e
 // call; blocks swapped out to NVMe are promoted first) and releases them.
 // ErrNotFound if any block is gone (TTL, or never parked); ErrFull if the
 // host tier has no room to bring them up now (retry later). In either case
-// nothing is released.
+// nothing is released. Once the blocks are copied, Resume does not wait
+// for their release: it returns nil even if ctx ends meanwhile.
 func (s *Session) Resume(ctx context.Context, requestID uint64, dsts [][]byte) error {
 	for _, b := range dsts {
 		if uint64(len(b)) != s.ns.BlockBytes {
@@ -770,12 +771,20 @@ func (s *Session) Resume(ctx context.Context, requestID uint64, dsts [][]byte) e
 		return fmt.Errorf("resume request %d: %w", requestID, err)
 	}
 	missing := 0
+	var cn *conn
 	for i, l := range ls {
 		if l == nil {
 			missing++
 			continue
 		}
 		memcopy.ToHot(dsts[i], l.buf)
+		cn = l.cn
+	}
+	// The deletes below need the ring mapped after the leases let go
+	// (while one holds its reference, ref cannot be the first).
+	if cn != nil {
+		cn.ref()
+		defer cn.unref()
 	}
 	if err := s.ReleaseBatch(ls); err != nil {
 		return fmt.Errorf("resume request %d: %w", requestID, err)
@@ -783,8 +792,23 @@ func (s *Session) Resume(ctx context.Context, requestID uint64, dsts [][]byte) e
 	if missing > 0 {
 		return fmt.Errorf("resume request %d: %d of %d blocks: %w", requestID, missing, len(dsts), ErrNotFound)
 	}
-	if _, err := s.deleteBatch(ctx, hs, shm.SQEFlagParked); err != nil {
-		return fmt.Errorf("resume request %d: release: %w", requestID, err)
+	if cn == nil {
+		return nil // no block
+	}
+	// The blocks are the caller's now: the parked copies are dropped by
+	// deletes queued behind the releases, answered by no one, so that
+	// ctx ending meanwhile cannot turn a resume whose blocks were copied
+	// into an error (the engine would recompute the request, and the
+	// blocks would stay parked for the TTL). In ring order: a Park of the
+	// same id that follows finds them gone.
+	es := make([]shm.SQE, len(hs))
+	for i, h := range hs {
+		es[i] = shm.SQE{Op: shm.OpDelete, Flags: shm.SQEFlagParked, Hash: h}
+	}
+	cn.addOrphans(len(es))
+	if err := cn.pushLazy(es); err != nil {
+		cn.addOrphans(-len(es))
+		return fmt.Errorf("resume request %d: blocks copied, but the parked copies could not be dropped (they stay for the park TTL; Unpark drops them): %w", requestID, err)
 	}
 	return nil
 }

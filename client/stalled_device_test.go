@@ -3,6 +3,7 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"testing"
@@ -66,5 +67,54 @@ func TestCloseBoundedOnStalledCommit(t *testing.T) {
 	defer cancel()
 	if err := op.Wait(wctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("device put whose commit was never answered: %v, want the connection's error", err)
+	}
+}
+
+// TestResumeCopiedIsNotAnError: Resume copied the parked blocks into the
+// caller's buffers and then deleted the parked copies, waiting for the
+// deletes' answers with the caller's context: a context that ended there
+// (a daemon slow to answer) turned a resume whose blocks were delivered
+// into an error, and the engine recomputed the request. The deletes now go
+// behind the releases unanswered, in ring order.
+func TestResumeCopiedIsNotAnError(t *testing.T) {
+	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 4096})
+	_, s, ring := f.open(t)
+	const n = 3
+	granted := make(chan struct{})
+	go func() {
+		defer close(granted)
+		// Grant the acquires (host slots) and answer nothing after.
+		es := popN(t, ring, n)
+		cs := make([]shm.CQE, n)
+		for i, e := range es {
+			cs[i] = shm.CQE{UserData: e.UserData, Status: shm.StatusOK, Value: uint64(i + 1), Offset: uint64(i * s.BlockBytes()), Tier: shm.TierHost}
+		}
+		ring.DaemonPush(cs)
+	}()
+	dsts := make([][]byte, n)
+	for i := range dsts {
+		dsts[i] = bytes.Repeat([]byte{0xff}, s.BlockBytes())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Resume(ctx, 7, dsts); err != nil {
+		t.Fatalf("resume whose blocks were copied (the daemon does not answer the deletes): %v", err)
+	}
+	for i, d := range dsts {
+		if !bytes.Equal(d, make([]byte, len(d))) {
+			t.Fatalf("block %d not copied from its slot", i)
+		}
+	}
+	// The releases, then the deletes of the parked copies, reached the ring.
+	<-granted
+	es := popN(t, ring, 2*n)
+	for i, e := range es {
+		want := shm.OpRelease
+		if i >= n {
+			want = shm.OpDelete
+		}
+		if e.Op != want || (want == shm.OpDelete && e.Flags&shm.SQEFlagParked == 0) {
+			t.Fatalf("entry %d after the acquires: %v flags %#x, want %v", i, e.Op, e.Flags, want)
+		}
 	}
 }
