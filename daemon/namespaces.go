@@ -400,26 +400,21 @@ func (r *Registry) Register(spec NamespaceSpec) (uint32, error) {
 	if err := spec.Validate(); err != nil {
 		return 0, err
 	}
-	id, drop, err := r.register(spec)
-	var dropped func([]uint32)
-	if len(drop) > 0 {
-		r.wmu.Lock()
-		dropped = r.dropped
-		r.wmu.Unlock()
-	}
-	if dropped != nil {
+	id, after, err := r.register(spec)
+	if after != nil {
 		// Outside wmu: a walk of every tier must not hold up other
-		// Registers. A block that reached a tier under a reclaimed id
-		// after the idle check (a move down the tiers it missed) would
-		// otherwise stay, never served and out of evict's reach, until
-		// its tier evicted it.
-		dropped(slices.Sorted(maps.Keys(drop)))
+		// Registers.
+		after()
 	}
 	return id, err
 }
 
-// register is Register under wmu; it also returns the ids it reclaimed.
-func (r *Registry) register(spec NamespaceSpec) (uint32, map[uint32]int64, error) {
+// register is Register under wmu. after, if not nil, is to run once wmu is
+// released: it deletes what the tiers still hold under the ids reclaimed (a
+// block that reached a tier after the idle check, a move down the tiers it
+// missed, would otherwise stay, never served and out of evict's reach,
+// until its tier evicted it).
+func (r *Registry) register(spec NamespaceSpec) (id uint32, after func(), err error) {
 	r.mu.RLock()
 	id, ok := r.bySpec[spec]
 	u := r.used[id]
@@ -485,7 +480,11 @@ func (r *Registry) register(spec NamespaceSpec) (uint32, map[uint32]int64, error
 		r.log.Info("namespace registry full: reclaimed idle namespaces (no session, no block, unused)",
 			"reclaimed", len(drop), "namespaces", n, "limit", r.limit, "unused_for", r.grace, "new_id", id)
 	}
-	return id, drop, nil
+	if len(drop) > 0 && r.dropped != nil {
+		ids, dropped := slices.Sorted(maps.Keys(drop)), r.dropped
+		after = func() { dropped(ids) }
+	}
+	return id, after, nil
 }
 
 // stamp is now on the registry's clock, for used.

@@ -968,13 +968,13 @@ type adminConn struct {
 // others leave it, and another user's kvtierctl always gets in.
 func (d *Daemon) takeAdmin(a *adminConn, log *slog.Logger) bool {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.admins == nil {
 		d.admins = map[*adminConn]struct{}{}
 	}
+	var v *adminConn
 	if len(d.admins) >= d.cfg.Session.MaxAdmin {
-		v := adminToDisplace(d.admins)
-		if v == nil {
+		if v = adminToDisplace(d.admins); v == nil {
+			d.mu.Unlock()
 			return false
 		}
 		// Its wait for a request ends now; serveAdmin sees displace and
@@ -982,11 +982,15 @@ func (d *Daemon) takeAdmin(a *adminConn, log *slog.Logger) bool {
 		v.displace = true
 		v.c.SetReadDeadline(time.Now())
 		delete(d.admins, v)
-		log.Info("admin connection limit reached (session.max_admin): closing the connection idle longest", "idle_uid", v.uid, "idle", d.now().Sub(v.since).Round(time.Millisecond))
 	}
 	d.adminSeq++
 	a.seq = d.adminSeq
 	d.admins[a] = struct{}{}
+	d.mu.Unlock()
+	if v != nil {
+		// v's fields no longer change: it is out of the map.
+		log.Info("admin connection limit reached (session.max_admin): closing the connection idle longest", "idle_uid", v.uid, "idle", d.now().Sub(v.since).Round(time.Millisecond))
+	}
 	return true
 }
 

@@ -33,12 +33,11 @@ type ChainConfig struct {
 	ParkTTL time.Duration
 	// ParkedShare caps the parked blocks on NVMe at this fraction of its
 	// logical budget (0 or 1: the whole budget, as ordinary blocks yield
-	// to them):
-	// a Reserve of a parked block past it is ErrFull, so one engine that
-	// parks without end cannot evict every other model's cache, and the
-	// engine recomputes instead (vLLM's bounded swap space). A soft cap:
-	// parks still on their way down (in the host tier, at most what it
-	// holds) are not counted.
+	// to them): a Reserve of a parked block past it is ErrFull, so one
+	// engine that parks without end cannot evict every other model's
+	// cache, and the engine recomputes instead (a bounded swap space). A
+	// soft cap: parks still on their way down (in the host tier, at most
+	// what it holds) are not counted.
 	ParkedShare float64
 	// ParkStatePath, if set, is where Wait stores the parked blocks'
 	// expiries and the next NewChain reads them (Start removes them;
