@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -170,6 +171,87 @@ func TestParkFailedCommitLeavesNothingParked(t *testing.T) {
 	for i := range 2 {
 		if h := (shm.Hash{Hi: req, Lo: uint64(i)}); !got[h] {
 			t.Errorf("parked block %d of the failed Park was never dropped (deleted: %v)", i, got)
+		}
+	}
+}
+
+// The deletes a failed Park sends must reach the daemon before the caller's
+// next entries: a retry of the Park right after the error would otherwise
+// have its reservations answered "exists" by the failed attempt's blocks,
+// or its new blocks dropped by those deletes arriving late. Sent from a
+// goroutine of their own, they raced the retry.
+func TestFailedParkDeletesPrecedeRetry(t *testing.T) {
+	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 64 << 10})
+	_, s, ring := f.open(t)
+	const rounds = 40
+	order := make(chan []shm.Op, rounds)
+	// The fake daemon's ring stays mapped until its goroutine is done.
+	t.Cleanup(func() {
+		for range order {
+		}
+	})
+	go func() {
+		defer close(order)
+		var buf [16]shm.SQE
+		for r := 0; r < rounds; r++ {
+			// The failing Park: two reserves granted, two commits refused.
+			es := popN(t, ring, 2)
+			ring.DaemonPush([]shm.CQE{
+				{UserData: es[0].UserData, Status: shm.StatusOK, Value: 1, Offset: 0, Tier: shm.TierHost},
+				{UserData: es[1].UserData, Status: shm.StatusOK, Value: 2, Offset: 8192, Tier: shm.TierHost},
+			})
+			es = popN(t, ring, 2)
+			ring.DaemonPush([]shm.CQE{
+				{UserData: es[0].UserData, Status: shm.StatusInternal},
+				{UserData: es[1].UserData, Status: shm.StatusInternal},
+			})
+			// Then the drops and the retry's two reserves, in ring order.
+			var ops []shm.Op
+			var reserves []shm.SQE
+			deadline := time.Now().Add(5 * time.Second)
+			for len(reserves) < 2 && time.Now().Before(deadline) {
+				n, _ := ring.DaemonPop(buf[:])
+				for _, e := range buf[:n] {
+					ops = append(ops, e.Op)
+					switch e.Op {
+					case shm.OpReserve:
+						reserves = append(reserves, e)
+					case shm.OpDelete:
+						ring.DaemonPush([]shm.CQE{{UserData: e.UserData, Status: shm.StatusOK}})
+					}
+				}
+				if n == 0 {
+					ring.DaemonWait(0, time.Millisecond)
+				}
+			}
+			order <- ops
+			// The retry: granted and committed.
+			cq := make([]shm.CQE, len(reserves))
+			for i, e := range reserves {
+				cq[i] = shm.CQE{UserData: e.UserData, Status: shm.StatusOK, Value: uint64(3 + i), Offset: uint64(i) * 8192, Tier: shm.TierHost}
+			}
+			ring.DaemonPush(cq)
+			es = popN(t, ring, 2)
+			ring.DaemonPush([]shm.CQE{
+				{UserData: es[0].UserData, Status: shm.StatusOK},
+				{UserData: es[1].UserData, Status: shm.StatusOK},
+			})
+		}
+	}()
+	blocks := [][]byte{make([]byte, 8192), make([]byte, 8192)}
+	for r := 0; r < rounds; r++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.Park(ctx, uint64(100+r), blocks); err == nil {
+			t.Fatalf("round %d: park with refused commits succeeded", r)
+		}
+		if err := s.Park(ctx, uint64(100+r), blocks); err != nil {
+			t.Fatalf("round %d: retried park: %v", r, err)
+		}
+		cancel()
+		ops := <-order
+		want := []shm.Op{shm.OpDelete, shm.OpDelete, shm.OpReserve, shm.OpReserve}
+		if !slices.Equal(ops, want) {
+			t.Fatalf("round %d: after the failed park the daemon saw %v, want the drops first: %v", r, ops, want)
 		}
 	}
 }

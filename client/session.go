@@ -703,7 +703,11 @@ var ErrParked = errors.New("kvtier: request already parked")
 // beyond it (kvtier_errors_total{kind="park"} counts them). Parked blocks may hold at most the
 // daemon's nvme.parked_share of the disk tier: past it Park fails with ErrFull and the engine
 // recomputes the request when it resumes it instead. A Park that fails parks nothing (with
-// ErrParked, the request parked before stays as it was).
+// ErrParked, the request parked before stays as it was); the drops of what
+// it committed precede the session's next entries, so a retry at once is
+// safe. One exception: if the connection ended after some commits landed,
+// the daemon keeps those blocks (a retry reports ErrParked; Unpark drops
+// them).
 //
 // Request ids are those of the namespace, not of the session: any session
 // of the same namespace, in this process or another (another replica of
@@ -737,16 +741,26 @@ func (s *Session) Park(ctx context.Context, requestID uint64, blocks [][]byte) e
 		// Some commits may have landed: drop the request's blocks, so that
 		// a failed Park leaves nothing parked (a retry would find it
 		// ErrParked, a Resume ErrNotFound). The ring keeps the order: a
-		// commit still on its way lands before these deletes.
+		// commit still on its way lands before these deletes, and they
+		// land before the session's next entries (a retry of this Park),
+		// queued like releases and answered by no one.
 		es := make([]shm.SQE, len(rs))
 		for i, h := range parkHashes(requestID, len(rs)) {
 			es[i] = shm.SQE{Op: shm.OpDelete, Flags: shm.SQEFlagParked, Hash: h}
 		}
 		for _, r := range rs {
-			if r != nil {
-				r.cn.pushAsync(es)
-				break
+			if r == nil {
+				continue
 			}
+			// A dead connection cannot carry them (see the doc comment).
+			if cn := r.cn; cn.tryRef() {
+				cn.addOrphans(len(es))
+				if cn.pushLazy(es) != nil {
+					cn.addOrphans(-len(es))
+				}
+				cn.unref()
+			}
+			break
 		}
 		return fmt.Errorf("park request %d: %w", requestID, err)
 	}
