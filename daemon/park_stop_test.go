@@ -39,6 +39,9 @@ func TestStopWritesQueuedParkedBlocks(t *testing.T) {
 			cfg.Host.Capacity = 16 * MiB
 			cfg.NVMe.Enabled, cfg.NVMe.Capacity, cfg.NVMe.FlushOnStop = true, 64*MiB, tc.flush
 			cfg.NVMe.StopBudgetSeconds = 75
+			// 10 MiB parked at once is past half of this small tier's
+			// budget (16 MiB), and parks on their way down count.
+			cfg.NVMe.ParkedShare = 1
 			cfg.Metrics.Listen = "127.0.0.1:0" // the swap-out observer is the metrics'
 			gate := &gatedHistogram{entered: make(chan struct{}), open: make(chan struct{})}
 			var moved atomic.Int64

@@ -172,6 +172,8 @@ func TestParkResume(t *testing.T) {
 	ip := startInProc(t, "32MiB", 4<<20, func(c *daemon.Config) {
 		withNVMe(c)
 		c.NVMe.Capacity = 64 << 20 // the minimum: ordinary blocks must be evicted
+		// 12 MiB parked is past half of this tier's 16 MiB budget.
+		c.NVMe.ParkedShare = 1
 	})
 	ctx := context.Background()
 	c := dial(t, ip.cfg.Socket)

@@ -73,10 +73,11 @@ func (h *Host) Adopt(key Key, offset, size int64) error {
 		state:  stateCommitted,
 		slab:   int32(s.base / h.slabBytes),
 		slot:   int32(slot),
+		parked: key.Parked(), // left by the previous process, not yet on NVMe
 	}
 	s.slots[slot] = hd
 	h.index[key] = hd
-	h.used += size
+	h.addUsed(hd)
 	h.committed++
 	l := h.ns[key.NS]
 	if l == nil {

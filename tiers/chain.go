@@ -35,9 +35,8 @@ type ChainConfig struct {
 	// logical budget (0 or 1: the whole budget, as ordinary blocks yield
 	// to them): a Reserve of a parked block past it is ErrFull, so one
 	// engine that parks without end cannot evict every other model's
-	// cache, and the engine recomputes instead (a bounded swap space). A
-	// soft cap: parks still on their way down (in the host tier, at most
-	// what it holds) are not counted.
+	// cache, and the engine recomputes instead (a bounded swap space).
+	// Parked blocks on their way down (in the host tier) count too.
 	ParkedShare float64
 	// ParkStatePath, if set, is where Wait stores the parked blocks'
 	// expiries and the next NewChain reads them (Start removes them;
@@ -827,13 +826,19 @@ func (c *Chain) Reserve(k Key, size int64) (*Handle, error) {
 }
 
 // parkedOverShare reports whether a parked block of size bytes would take
-// the parked blocks on NVMe past ChainConfig.ParkedShare of its budget.
+// the parked blocks past ChainConfig.ParkedShare of NVMe's budget: those on
+// NVMe and those on their way there (in the host tier, reserved or queued
+// for their write-through). A block is counted twice only between its
+// write to NVMe and the drop of its host copy. Reservations checked at the
+// same moment may each pass: the cap can be overshot by one block per
+// concurrent Reserve.
 func (c *Chain) parkedOverShare(size int64) bool {
 	share := c.cfg.ParkedShare
 	if c.NVMe == nil || share <= 0 || share >= 1 {
 		return false
 	}
-	return float64(c.NVMe.UnevictableBytes()+size) > share*float64(c.NVMe.LogicalBudget())
+	held := c.NVMe.UnevictableBytes() + c.Host.ParkedBytes()
+	return float64(held+size) > share*float64(c.NVMe.LogicalBudget())
 }
 
 // disownDeletedPromotion takes k's place in the host index from the
@@ -1044,7 +1049,7 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 	)
 	for i, p := range run {
 		c.mu.Lock() // p.res is set with the reservation, for Reserve
-		hd, err := c.Host.Reserve(p.key, p.size)
+		hd, err := c.Host.ReserveCopy(p.key, p.size)
 		if err == nil {
 			p.res = hd
 		}

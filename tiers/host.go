@@ -99,6 +99,7 @@ type Handle struct {
 	host   *Host
 	cls    *class
 	state  blockState
+	parked bool // counted in Host.parkedUsed: a parked block held only here
 	leases int32
 	slab   int32
 	slot   int32
@@ -245,6 +246,7 @@ type Host struct {
 	scratch   []*Handle // Lookup's reverse-touch buffer, reused under mu
 
 	used                     int64
+	parkedUsed               int64 // bytes of handles with parked set
 	committed, reserved      int
 	leased                   int
 	hits, misses, evictions  uint64
@@ -326,6 +328,25 @@ func (h *Host) classFor(size int64) *class {
 
 // Reserve allocates a slot for key. See the package doc for eviction rules.
 func (h *Host) Reserve(key Key, size int64) (*Handle, error) {
+	return h.reserve(key, size, key.Parked())
+}
+
+// ReserveCopy is Reserve for a copy of a block a tier below holds (a
+// promotion): a parked block's copy is not counted in ParkedBytes again.
+func (h *Host) ReserveCopy(key Key, size int64) (*Handle, error) {
+	return h.reserve(key, size, false)
+}
+
+// ParkedBytes is the size of the parked blocks (reserved or committed)
+// that the host tier holds other than as copies of NVMe's (ReserveCopy):
+// those on their way down, or held after a failed write-through.
+func (h *Host) ParkedBytes() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.parkedUsed
+}
+
+func (h *Host) reserve(key Key, size int64, parked bool) (*Handle, error) {
 	if size <= 0 {
 		return nil, ErrBadSize
 	}
@@ -351,12 +372,13 @@ func (h *Host) Reserve(key Key, size int64) (*Handle, error) {
 		state:  stateReserved,
 		slab:   int32(s.base / h.slabBytes),
 		slot:   int32(slot),
+		parked: parked,
 	}
 	s.slots[slot] = hd
 	h.pin(s)
 	h.index[key] = hd
 	h.reserved++
-	h.used += size
+	h.addUsed(hd)
 	return hd, nil
 }
 
@@ -514,7 +536,7 @@ func (h *Host) freeSlot(hd *Handle) {
 	s.free = append(s.free, hd.slot)
 	s.live--
 	c.live--
-	h.used -= hd.Size
+	h.subUsed(hd)
 	hd.state = stateDead
 	if s.live == 0 {
 		h.releaseSlab(s)
@@ -522,6 +544,22 @@ func (h *Host) freeSlot(hd *Handle) {
 		heap.Fix(&c.partial, s.heapIdx)
 	} else {
 		heap.Push(&c.partial, s)
+	}
+}
+
+// addUsed and subUsed account for hd's bytes as it takes and leaves a
+// slot. mu held.
+func (h *Host) addUsed(hd *Handle) {
+	h.used += hd.Size
+	if hd.parked {
+		h.parkedUsed += hd.Size
+	}
+}
+
+func (h *Host) subUsed(hd *Handle) {
+	h.used -= hd.Size
+	if hd.parked {
+		h.parkedUsed -= hd.Size
 	}
 }
 
@@ -575,7 +613,7 @@ func (h *Host) drain(s *slab) {
 			h.untakeSlot(d, slot)
 			c.lru.remove(hd)
 			h.unindex(hd)
-			h.used -= hd.Size
+			h.subUsed(hd)
 			hd.state = stateDead
 			s.free = append(s.free, int32(i))
 		} else {
