@@ -108,7 +108,10 @@
 // compaction's output or inputs); they are removed. One that cannot be
 // decoded counts as a write a crash cut short when badger's log was left
 // to replay, else as a loss (TestTruncatedManifestMovedAside,
-// TestCrashImageUnlistedTableOpensInPlace).
+// TestCrashImageUnlistedTableOpensInPlace). Badger's Open cuts a torn
+// MANIFEST tail (a change set a crash cut off); its bytes are kept in
+// Dir/MANIFEST.torn-tail until the store has opened in place, so that a
+// directory moved aside holds the MANIFEST as it was found.
 //
 // # Recency after restart
 //

@@ -97,6 +97,7 @@ func TestTruncatedManifestMovedAside(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "nvme")
 			tables := build(t, dir)
 			tt.damage(t, dir)
+			damaged, _ := os.ReadFile(manifest(dir))
 			s := openT(t, dir, 64<<20)
 			defer s.Close()
 			st := s.Stats()
@@ -117,6 +118,9 @@ func TestTruncatedManifestMovedAside(t *testing.T) {
 				}
 				if _, err := os.Stat(filepath.Join(dir, unlistedDirName)); !os.IsNotExist(err) {
 					t.Fatalf("tables set aside during Open left behind: %v", err)
+				}
+				if _, err := os.Stat(filepath.Join(dir, tornTailName)); !os.IsNotExist(err) {
+					t.Fatalf("saved MANIFEST tail left behind: %v", err)
 				}
 				return
 			}
@@ -141,6 +145,15 @@ func TestTruncatedManifestMovedAside(t *testing.T) {
 			})
 			if len(kept) != len(tables) {
 				t.Fatalf("moved-aside directory holds %d of the %d tables", len(kept), len(tables))
+			}
+			// And the MANIFEST as the damage left it: badger trims a torn
+			// tail when it opens, so the tail is kept beside it.
+			if damaged != nil {
+				aside, _ := os.ReadFile(manifest(st.MovedAside))
+				tail, _ := os.ReadFile(filepath.Join(st.MovedAside, tornTailName))
+				if got := append(aside, tail...); !bytes.Equal(got, damaged) {
+					t.Fatalf("moved-aside MANIFEST (%d bytes) and saved tail (%d bytes) are not the damaged MANIFEST (%d bytes)", len(aside), len(tail), len(damaged))
+				}
 			}
 		})
 	}

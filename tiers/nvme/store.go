@@ -468,6 +468,10 @@ func (s *Store) openDB(dir string) (db *badger.DB, err error) {
 		db.Close()
 		return nil, err
 	}
+	// Opened in place: a torn tail was a crash's, and is no evidence.
+	if err := os.Remove(filepath.Join(dir, tornTailName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Warn("nvme: cannot remove the saved MANIFEST tail", "err", err)
+	}
 	return db, nil
 }
 

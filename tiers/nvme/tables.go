@@ -27,6 +27,7 @@ import (
 // report (listed is nil then), and so is a table it lists that is missing
 // or not in the format this store writes (encrypted, compressed). listed
 // is the set of tables the MANIFEST lists (empty without a MANIFEST).
+// A torn tail of the MANIFEST is saved first (saveTornTail).
 func checkTables(dir string, bo badger.Options) (listed map[uint64]bool, err error) {
 	f, err := os.Open(filepath.Join(dir, badger.ManifestFilename))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -35,10 +36,13 @@ func checkTables(dir string, bo badger.Options) (listed map[uint64]bool, err err
 	if err != nil {
 		return nil, err
 	}
-	m, _, err := badger.ReplayManifestFile(f, bo.ExternalMagicVersion, bo)
-	f.Close()
+	defer f.Close()
+	m, whole, err := badger.ReplayManifestFile(f, bo.ExternalMagicVersion, bo)
 	if err != nil {
 		return nil, nil // badger's Open fails on it, without a panic
+	}
+	if err := saveTornTail(f, whole, dir); err != nil {
+		return nil, err
 	}
 	listed = make(map[uint64]bool, len(m.Tables))
 	for id, tm := range m.Tables {
@@ -51,6 +55,33 @@ func checkTables(dir string, bo badger.Options) (listed map[uint64]bool, err err
 		}
 	}
 	return listed, nil
+}
+
+// tornTailName holds the bytes of a torn MANIFEST tail (a change set cut
+// by a crash) while the store opens: badger's Open truncates them, and if
+// the directory then turns out corrupt and is moved aside, the MANIFEST
+// there is to be read as the crash left it (MANIFEST, then this file).
+// Removed once the store has opened in place.
+const tornTailName = "MANIFEST.torn-tail"
+
+// saveTornTail writes the bytes of the MANIFEST f past whole (the end of
+// its last whole change set), if any, to tornTailName.
+func saveTornTail(f *os.File, whole int64, dir string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat MANIFEST: %w", err)
+	}
+	if fi.Size() <= whole {
+		return nil
+	}
+	tail := make([]byte, fi.Size()-whole)
+	if _, err := f.ReadAt(tail, whole); err != nil {
+		return fmt.Errorf("read the MANIFEST's torn tail: %w", err)
+	}
+	if err := writeFileSync(filepath.Join(dir, tornTailName), tail); err != nil {
+		return fmt.Errorf("save the MANIFEST's torn tail: %w", err)
+	}
+	return nil
 }
 
 // unlistedDirName is the subdirectory Open moves the tables the MANIFEST
@@ -243,4 +274,20 @@ func checkTable(path string, id uint64, bo badger.Options) (err error) {
 		return fmt.Errorf("table %s: %w", filepath.Base(path), err)
 	}
 	return nil
+}
+
+// writeFileSync writes b to path (created or truncated) and syncs it.
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
