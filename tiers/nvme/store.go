@@ -448,7 +448,7 @@ func (s *Store) openDB(dir string) (db *badger.DB, err error) {
 		return nil, err
 	}
 	bo := badgerOptions(dir, s.opts, s.log)
-	listed, err := checkTables(dir, bo)
+	listed, err := checkTables(dir, bo, s.log)
 	if err != nil {
 		return nil, err
 	}

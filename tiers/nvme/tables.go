@@ -27,8 +27,9 @@ import (
 // report (listed is nil then), and so is a table it lists that is missing
 // or not in the format this store writes (encrypted, compressed). listed
 // is the set of tables the MANIFEST lists (empty without a MANIFEST).
-// A torn tail of the MANIFEST is saved first (saveTornTail).
-func checkTables(dir string, bo badger.Options) (listed map[uint64]bool, err error) {
+// A torn tail of the MANIFEST is saved first (saveTornTail); failing that
+// is logged, not an error: it is evidence, not the cache.
+func checkTables(dir string, bo badger.Options, log *slog.Logger) (listed map[uint64]bool, err error) {
 	f, err := os.Open(filepath.Join(dir, badger.ManifestFilename))
 	if errors.Is(err, fs.ErrNotExist) {
 		return map[uint64]bool{}, nil
@@ -42,7 +43,7 @@ func checkTables(dir string, bo badger.Options) (listed map[uint64]bool, err err
 		return nil, nil // badger's Open fails on it, without a panic
 	}
 	if err := saveTornTail(f, whole, dir); err != nil {
-		return nil, err
+		log.Warn("nvme: cannot keep the torn tail of the MANIFEST that badger's open cuts", "err", err)
 	}
 	listed = make(map[uint64]bool, len(m.Tables))
 	for id, tm := range m.Tables {
