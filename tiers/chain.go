@@ -129,6 +129,12 @@ type Chain struct {
 	// parkHoldShare of the host tier so that parks failing against a full
 	// disk cannot pin the whole host tier for their TTL.
 	parkRetryBytes int64
+	// parkLater (parkMu) holds parked blocks whose write-through failed
+	// past parkHoldShare: unpinned (the host tier may drop them for
+	// space), they are not tracked by the policy either, so nothing else
+	// writes them down; expireLoop tries them again once the retries go
+	// through (the disk has room again).
+	parkLater []*Handle
 	// parkDelMu serializes the deletes of parked blocks (a resume or a
 	// release) with expireLoop's check-and-delete of an expired one, so
 	// that the expiry deletes only the block whose TTL passed: a request
@@ -736,6 +742,7 @@ func (c *Chain) Wait() {
 	c.parkMu.Lock()
 	retry := c.parkRetry
 	c.parkRetry, c.parkRetryBytes = nil, 0
+	c.parkLater = nil // unpinned: they stay in the host tier (FlushParked)
 	c.parkMu.Unlock()
 	for _, hd := range retry {
 		c.Host.Unpin(hd, false)
@@ -1659,9 +1666,12 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 			}
 			c.parkMu.Unlock()
 			if !hold {
-				// Past the share: an ordinary host block again, kept
-				// while the host tier has room for it.
+				// Past the share: unpinned, kept while the host tier has
+				// room for it, and written down later (parkLater).
 				c.Host.Unpin(hd, false)
+				c.parkMu.Lock()
+				c.parkLater = append(c.parkLater, hd)
+				c.parkMu.Unlock()
 				released++
 			}
 			continue
@@ -1672,6 +1682,11 @@ func (c *Chain) writeThrough(run []*Handle, first bool) (failed bool) {
 			c.demoted.Add(1)
 			c.demotedBytes.Add(uint64(hd.Size))
 			c.swapOutNanos.Add(uint64(took[i]))
+		} else if c.Host.Copied(hd) {
+			// Held by a reader (a resume, a flush): it stays, now a clean
+			// copy of NVMe's, no longer counted against ParkedShare, and
+			// the policy's to demote (a drop) like a promoted copy.
+			c.Inserted(hd.Key, policy.AccessInfo{})
 		}
 	}
 	if released > 0 {
@@ -1711,28 +1726,86 @@ func (c *Chain) expireLoop(ctx context.Context) {
 			if expired > 0 {
 				c.log.Info("parked blocks expired", "blocks", expired, "ttl", c.cfg.ParkTTL)
 			}
+			// The blocks held for a retry stay counted in parkRetryBytes
+			// until each is retried: write-throughs failing meanwhile are
+			// held against the whole share.
 			c.parkMu.Lock()
 			retry := c.parkRetry
-			c.parkRetry, c.parkRetryBytes = nil, 0
+			c.parkRetry = nil
 			c.parkMu.Unlock()
-			for len(retry) > 0 {
+			failed := false
+			for len(retry) > 0 && !failed {
 				n := min(len(retry), writeRun)
-				failed := c.writeThrough(retry[:n], false)
+				var b int64
+				for _, hd := range retry[:n] {
+					b += hd.Size
+				}
+				c.parkMu.Lock()
+				c.parkRetryBytes -= b // writeThrough counts those it holds again
+				c.parkMu.Unlock()
+				failed = c.writeThrough(retry[:n], false)
 				retry = retry[n:]
 				if failed && len(retry) > 0 {
 					// Still no room (or failing): the rest waits for the
 					// next tick, ahead of the blocks that just failed.
 					c.parkMu.Lock()
 					c.parkRetry = append(slices.Clone(retry), c.parkRetry...)
-					for _, hd := range retry {
-						c.parkRetryBytes += hd.Size
-					}
 					c.parkMu.Unlock()
-					break
 				}
+			}
+			if !failed {
+				c.writeLater()
+			} else {
+				c.pruneLater()
 			}
 		}
 	}
+}
+
+// writeLater writes down the parked blocks unpinned past the hold share
+// (parkLater) that are still parked and in the host tier, in runs, until
+// one fails: the rest waits for the next tick.
+func (c *Chain) writeLater() {
+	c.parkMu.Lock()
+	later := c.parkLater
+	c.parkLater = nil
+	c.parkMu.Unlock()
+	for len(later) > 0 {
+		n := min(len(later), writeRun)
+		var run []*Handle
+		for _, hd := range later[:n] {
+			if c.isParked(hd.Key) && c.Host.PinHandle(hd) {
+				run = append(run, hd)
+			}
+		}
+		later = later[n:]
+		if len(run) > 0 && c.writeThrough(run, false) && len(later) > 0 {
+			c.parkMu.Lock()
+			c.parkLater = append(slices.Clone(later), c.parkLater...)
+			c.parkMu.Unlock()
+			return
+		}
+	}
+}
+
+// pruneLater drops from parkLater the blocks no longer parked in the host
+// tier (evicted, released, expired), so that it does not grow while the
+// disk stays full.
+func (c *Chain) pruneLater() {
+	c.parkMu.Lock()
+	later := c.parkLater
+	c.parkLater = nil
+	c.parkMu.Unlock()
+	keep := later[:0]
+	for _, hd := range later {
+		if c.isParked(hd.Key) && c.Host.Holds(hd) {
+			keep = append(keep, hd)
+		}
+	}
+	clear(later[len(keep):])
+	c.parkMu.Lock()
+	c.parkLater = append(keep, c.parkLater...)
+	c.parkMu.Unlock()
 }
 
 // expire deletes the parked block k if its TTL passed at now, and reports

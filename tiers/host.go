@@ -346,6 +346,22 @@ func (h *Host) ParkedBytes() int64 {
 	return h.parkedUsed
 }
 
+// Copied tells the tier that a tier below now holds a copy of the
+// committed block hd: a parked block no longer counts in ParkedBytes. It
+// reports whether hd is still committed here.
+func (h *Host) Copied(hd *Handle) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hd.state != stateCommitted || h.index[hd.Key] != hd {
+		return false
+	}
+	if hd.parked {
+		h.parkedUsed -= hd.Size
+		hd.parked = false
+	}
+	return true
+}
+
 func (h *Host) reserve(key Key, size int64, parked bool) (*Handle, error) {
 	if size <= 0 {
 		return nil, ErrBadSize

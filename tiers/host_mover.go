@@ -105,6 +105,25 @@ func (h *Host) Pin(key Key) (*Handle, bool) {
 	return hd, true
 }
 
+// Holds reports whether hd is still the committed block of its key.
+func (h *Host) Holds(hd *Handle) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return hd.state == stateCommitted && h.index[hd.Key] == hd
+}
+
+// PinHandle pins hd if it is still the committed block of its key (not
+// evicted, deleted, or replaced by a block put again under the key).
+func (h *Host) PinHandle(hd *Handle) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hd.state != stateCommitted || h.index[hd.Key] != hd {
+		return false
+	}
+	h.pinLocked(hd)
+	return true
+}
+
 func (h *Host) pinLocked(hd *Handle) {
 	if hd.leases == 0 {
 		hd.cls.lru.remove(hd)

@@ -40,7 +40,7 @@ func checkHost(h *Host) error {
 
 	type iv struct{ off, end int64 }
 	var ivs []iv
-	var used int64
+	var used, parkedUsed int64
 	committed, reserved, leased := 0, 0, 0
 	occupants := map[*Handle]bool{}
 	classSlabs := 0
@@ -96,6 +96,9 @@ func checkHost(h *Host) error {
 				}
 				ivs = append(ivs, iv{hd.Offset, hd.Offset + hd.Size})
 				used += hd.Size
+				if hd.parked {
+					parkedUsed += hd.Size
+				}
 				if hd.leases > 0 {
 					leased++
 				}
@@ -218,6 +221,9 @@ func checkHost(h *Host) error {
 	if used != h.used || committed != h.committed || reserved != h.reserved || leased != h.leased {
 		return fmt.Errorf("counters: used %d/%d committed %d/%d reserved %d/%d leased %d/%d",
 			used, h.used, committed, h.committed, reserved, h.reserved, leased, h.leased)
+	}
+	if parkedUsed != h.parkedUsed {
+		return fmt.Errorf("parked bytes %d, handles marked parked sum to %d", h.parkedUsed, parkedUsed)
 	}
 	if len(h.index) != committed+reserved {
 		return fmt.Errorf("index %d, want %d", len(h.index), committed+reserved)
