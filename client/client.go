@@ -167,6 +167,7 @@ func (c *Client) Open(ctx context.Context, ns Namespace) (*Session, error) {
 		return nil, err
 	}
 	s := &Session{c: c, ns: ns, closeDone: make(chan struct{})}
+	s.closing, s.endClosing = context.WithCancel(context.Background())
 	cn, err := s.dial(ctx)
 	if err != nil {
 		return nil, err

@@ -116,10 +116,11 @@ func (cn *conn) devSlot(c *shm.CQE) (cudaipc.DevicePtr, error) {
 // does not wait for the copies: it reserves (put) or leases (get) the slots,
 // queues one copy per block and records an event after them. When that event
 // completes, the client commits the reservations (put) or releases the
-// leases (get) from a goroutine of its own (one per stream with copies in
-// flight); Done is closed after that. Until then the slots stay reserved or
-// leased, so the daemon neither hands them out nor moves them while the device
-// reads or writes them. Nothing waits for the whole device or context.
+// leases (get) from a goroutine of its own (one per op, started by the
+// goroutine that waits for the events of its stream); Done is closed after
+// that. Until then the slots stay reserved or leased, so the daemon neither
+// hands them out nor moves them while the device reads or writes them.
+// Nothing waits for the whole device or context.
 //
 // A put whose context ends before the event completes is aborted at the event
 // (never earlier: the copy may still be writing the slot). A session closed
@@ -220,6 +221,28 @@ func (s *Session) endDev() {
 	s.devOps.Done()
 }
 
+// devCtx is ctx, also ended (cause ErrClosed) when Close begins: for a
+// device op's reserves or leases. Counted in devCopies from its start, an op
+// still waiting for them would hold Close's unbounded wait for the copies as
+// long as the daemon does not answer.
+func (s *Session) devCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	dctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.closing, func() { cancel(ErrClosed) })
+	return dctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// devErr is err of a device op's reserves or leases, ErrClosed when Close
+// ended their wait.
+func devErr(dctx context.Context, err error) error {
+	if errors.Is(err, context.Canceled) && errors.Is(context.Cause(dctx), ErrClosed) {
+		return fmt.Errorf("%w: %v", ErrClosed, err)
+	}
+	return err
+}
+
 // PutFromDeviceAsync stores the block at src (device memory of this
 // client's GPU, BlockBytes long) under h without waiting for the copy: see
 // PutFromDeviceBatch.
@@ -248,7 +271,10 @@ func (s *Session) PutFromDeviceBatch(ctx context.Context, hashes []Hash, srcs []
 	if err := s.beginDev(); err != nil {
 		return nil, err
 	}
-	rs, rerr := s.reserveBatch(ctx, hashes, shm.SQEFlagDevice)
+	dctx, stop := s.devCtx(ctx)
+	rs, rerr := s.reserveBatch(dctx, hashes, shm.SQEFlagDevice)
+	rerr = devErr(dctx, rerr)
+	stop()
 	if rs == nil {
 		s.endDev()
 		return nil, fmt.Errorf("put from device: %w", rerr)
@@ -317,7 +343,10 @@ func (s *Session) GetToDeviceBatch(ctx context.Context, hashes []Hash, dsts []cu
 	if err := s.beginDev(); err != nil {
 		return nil, err
 	}
-	ls, err := s.acquireBatch(ctx, hashes, shm.SQEFlagDevice)
+	dctx, stop := s.devCtx(ctx)
+	ls, err := s.acquireBatch(dctx, hashes, shm.SQEFlagDevice)
+	err = devErr(dctx, err)
+	stop()
 	if err != nil {
 		s.endDev()
 		return nil, fmt.Errorf("get to device: %w", err)
@@ -396,10 +425,12 @@ func (c *Client) enqueueDev(stream cudaipc.Stream, op *DeviceOp) {
 	q.ops = append(q.ops, op)
 }
 
-// completeStream finishes the ops of one stream as their events complete,
-// then exits (a stream with nothing in flight has no goroutine). Events of
-// one stream complete in order, so waiting on the oldest never delays a
-// younger one; other streams have completers of their own.
+// completeStream waits for the events of one stream's ops in order and
+// hands each op to a goroutine that finishes it (commits or releases), then
+// exits (a stream with nothing in flight has no goroutine). Events of one
+// stream complete in order, so waiting on the oldest never delays a younger
+// one (nor does an older op's finish); other streams have completers of
+// their own. Ops of one stream may finish out of order.
 func (c *Client) completeStream(stream cudaipc.Stream, q *streamQueue) {
 	for {
 		c.qmu.Lock()
@@ -421,8 +452,15 @@ func (c *Client) completeStream(stream cudaipc.Stream, q *streamQueue) {
 			op.ev = nil
 		}
 		op.s.devCopies.Done()
-		op.finish(err)
-		op.s.devOps.Done()
+		// The finish waits for the daemon's answers without a deadline:
+		// inline, a daemon that stopped answering held the events of the
+		// younger ops (of any session on this stream) uncounted, and
+		// Session.Close, which waits for every copy before it bounds the
+		// wait for answers, waited for good.
+		go func() {
+			op.finish(err)
+			op.s.devOps.Done()
+		}()
 	}
 }
 

@@ -11,11 +11,22 @@ import (
 // dies (the reader saw the daemon go, or Session.Close ran); the reaper
 // exits and drops the connection's own reference. It returns once the
 // reaper is gone.
+//
+// The caller polls the same ring: if it took its completion first (this
+// goroutine preempted on a loaded machine), nothing is left to dispatch, so
+// it waits for no call to be pending rather than for a poll of its own to
+// find something (which never came: the test hung).
 func DispatchThenKill(s *Session) {
 	s.mu.Lock()
 	cn := s.cur
 	s.mu.Unlock()
 	for !cn.poll() {
+		cn.pmu.Lock()
+		idle := len(cn.pending) == 0
+		cn.pmu.Unlock()
+		if idle {
+			break
+		}
 		runtime.Gosched()
 	}
 	cn.kill(ErrDisconnected)

@@ -65,3 +65,58 @@ func TestLeaseOfDyingConnStaysMapped(t *testing.T) {
 	}
 	t.Logf("%d of %d rounds handed out a lease over unmapped memory", bad, rounds)
 }
+
+// DispatchThenKill (TestLeaseOfDyingConnStaysMapped's interleaving) must not
+// wait for its own poll to dispatch something: the caller polls the same
+// ring, and when the test goroutine is preempted between the fake's answer
+// and the helper's first poll (a loaded machine: the OS deschedules its
+// thread, sysmon preempts it on the one P), the caller takes its own
+// completion. A helper that then polls until it dispatches something spins
+// forever on an empty ring and hangs the package until go test's timeout.
+// Here the caller is let take it first on purpose.
+func TestDispatchThenKillAfterCallerDispatched(t *testing.T) {
+	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 64 << 10})
+	c, err := client.Dial(context.Background(), client.Options{Socket: f.sock, DialTimeout: 2 * time.Second,
+		Spin: time.Second}) // the caller polls, never sleeps
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Open(context.Background(), testNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ring *shm.Ring
+	select {
+	case ring = <-f.sess:
+	case <-time.After(fakeBound):
+		t.Fatalf("no ring from the fake daemon in %v", fakeBound)
+	}
+	hs := client.ChainHashes(client.Hash{}, tokens(16, 11), 16)
+	ch := make(chan error, 1)
+	go func() {
+		ls, err := s.AcquireBatch(context.Background(), hs)
+		if err == nil && ls[0] != nil {
+			ls[0].Release()
+		}
+		ch <- err
+	}()
+	e := popN(t, ring, 1)[0]
+	ring.DaemonPush([]shm.CQE{{UserData: e.UserData, Status: shm.StatusOK, Value: 1, Offset: 0, Tier: shm.TierHost}})
+	select {
+	case err := <-ch: // the caller dispatched its own completion
+		if err != nil {
+			t.Fatalf("acquire: %v", err)
+		}
+	case <-time.After(fakeBound):
+		t.Fatalf("acquire not answered in %v", fakeBound)
+	}
+	done, ok := returnsWithin(5*time.Second, func() { client.DispatchThenKill(s) })
+	if !ok {
+		// An answer nobody waits for gives the helper something to poll.
+		ring.DaemonPush([]shm.CQE{{UserData: 1 << 62, Status: shm.StatusOK}})
+		<-done
+		t.Fatal("DispatchThenKill still spinning after 5s: the caller had dispatched its completion itself")
+	}
+	s.Close()
+}

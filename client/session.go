@@ -35,6 +35,11 @@ type Session struct {
 	// closeDone is closed when the first Close has finished; later Closes
 	// wait for it.
 	closeDone chan struct{}
+	// closing is ended when Close begins: it ends the waits of device ops
+	// for their reserves or leases (devCtx), which Close's wait for
+	// devCopies would otherwise wait for without a bound.
+	closing    context.Context
+	endClosing context.CancelFunc
 }
 
 // Namespace is the session's namespace.
@@ -113,7 +118,9 @@ func (s *Session) conn(ctx context.Context) (*conn, error) {
 // released. Close waits for the commits' answers up to closeAnswerWait: a
 // daemon that stopped answering (SIGSTOP, a hung disk) does not hold the
 // engine's Close for good (those puts then end with the connection's
-// error). A Close that finds another in progress waits for it.
+// error). Device puts and gets still waiting for their reserves or leases
+// when Close begins (no copy queued yet) fail with ErrClosed. A Close that
+// finds another in progress waits for it.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -131,6 +138,7 @@ func (s *Session) Close() error {
 	if dialing != nil {
 		<-dialing
 	}
+	s.endClosing() // device ops not yet copying give up their reserves
 	s.devCopies.Wait()
 	waitBounded(&s.devOps, closeAnswerWait)
 	s.mu.Lock()
