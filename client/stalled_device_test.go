@@ -15,6 +15,26 @@ import (
 	"github.com/kvtier/kvtier/shm"
 )
 
+// stalledDevRig opens a session on a fake daemon with the emulated device,
+// with a device buffer of blocks blocks and a stream, all freed at the end.
+func stalledDevRig(t *testing.T, blocks int) (*client.Session, *shm.Ring, cudaipc.Arena, cudaipc.Stream) {
+	t.Helper()
+	dev := emulatedDevice(t)
+	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 4096})
+	_, s, ring := f.openWith(t, dev)
+	src, err := dev.Alloc(int64(blocks * s.BlockBytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Free() })
+	st, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return s, ring, src, st
+}
+
 // TestCloseBoundedOnStalledCommit: Close waits for device copies in flight
 // and then for their commits, which went to the daemon with no deadline (a
 // commit must land even if the caller's context ends). A daemon that
@@ -23,20 +43,8 @@ import (
 // closeAnswerWait, after which the put ends with the connection's error.
 func TestCloseBoundedOnStalledCommit(t *testing.T) {
 	defer client.SetCloseAnswerWait(200 * time.Millisecond)()
-	dev := emulatedDevice(t)
-	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 4096})
-	_, s, ring := f.openWith(t, dev)
+	s, ring, src, st := stalledDevRig(t, 1)
 	ctx := context.Background()
-	src, err := dev.Alloc(int64(s.BlockBytes()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	st, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	// The fake grants the reservation (a host slot) and answers nothing
 	// after it: the commit waits.
 	granted := make(chan error, 1)
@@ -129,20 +137,8 @@ func TestResumeCopiedIsNotAnError(t *testing.T) {
 // for answers, waited for good.
 func TestCloseBoundedOnStalledCommitOfEarlierOp(t *testing.T) {
 	defer client.SetCloseAnswerWait(200 * time.Millisecond)()
-	dev := emulatedDevice(t)
-	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 4096})
-	_, s, ring := f.openWith(t, dev)
+	s, ring, src, st := stalledDevRig(t, 2)
 	ctx := context.Background()
-	src, err := dev.Alloc(int64(2 * s.BlockBytes()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	st, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	// Held until both puts are queued: the first one's commit must not
 	// reach the ring before the second one's reserve.
 	release := hold(t, st)
@@ -199,19 +195,7 @@ func TestCloseBoundedOnStalledCommitOfEarlierOp(t *testing.T) {
 // deadline held Close for good.
 func TestCloseBoundedOnStalledDeviceReserve(t *testing.T) {
 	defer client.SetCloseAnswerWait(200 * time.Millisecond)()
-	dev := emulatedDevice(t)
-	f := newFakeDaemon(t, shm.RingLayout{Entries: 64, DataSize: 4096})
-	_, s, ring := f.openWith(t, dev)
-	src, err := dev.Alloc(int64(s.BlockBytes()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	st, err := dev.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	s, ring, src, st := stalledDevRig(t, 1)
 	put := make(chan error, 1)
 	go func() {
 		_, err := s.PutFromDeviceAsync(context.Background(), client.Hash{Hi: 1, Lo: 2}, src.Ptr(), st)
