@@ -771,6 +771,12 @@ func (d *Daemon) closeResources() {
 	if d.arena != nil {
 		d.arena.Close()
 	}
+	if d.warm.index != nil {
+		// A start that failed before adoptWarm: the index systemd passed
+		// is closed here (it stays in the store for the next start).
+		d.warm.index.Close()
+		d.warm.index = nil
+	}
 	if d.lock != nil {
 		d.lock.Close()
 	}

@@ -120,6 +120,12 @@ type Chain struct {
 	// for the parked blocks it left (a warm restart's Park, Start's scan
 	// of NVMe); Start clears it.
 	parkPrior map[Key]time.Time
+	// parkKept (parkMu) holds the expiries a previous process stored when
+	// this chain has no NVMe tier: Start cannot scan for the parked blocks
+	// they belong to, which stay in NVMe for a later start, so Wait stores
+	// them again rather than lose them. Nothing parked in this run is
+	// among them (it is in parked), and no delete here reaches NVMe's.
+	parkKept map[Key]time.Time
 	// parkRetry (parkMu) holds parked blocks whose write-through failed
 	// (disk budget full of parked blocks, a write error, too large for
 	// NVMe): still pinned in the host tier, so not dropped for space, and
@@ -638,6 +644,9 @@ func (c *Chain) Start(ctx context.Context) {
 	c.parkMu.Lock()
 	prior := c.parkPrior
 	c.parkPrior = nil // a block parked from now on is a new request's
+	if c.NVMe == nil {
+		c.parkKept = prior // never scanned: Wait stores them again
+	}
 	c.parkMu.Unlock()
 	c.dropParkState() // taken over: Wait stores them again
 	if c.NVMe == nil {

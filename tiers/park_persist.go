@@ -114,7 +114,8 @@ func (c *Chain) dropParkState() {
 
 // storeParkState writes the parked blocks' expiries for the next start.
 // A chain stopped without Start never scanned NVMe for its parked blocks:
-// the expiries it read and did not use (parkPrior) are kept, not lost.
+// the expiries it read and did not use (parkPrior) are kept, not lost; so
+// are those a chain without an NVMe tier could not apply (parkKept).
 func (c *Chain) storeParkState() {
 	p := c.cfg.ParkStatePath
 	if p == "" {
@@ -122,8 +123,12 @@ func (c *Chain) storeParkState() {
 	}
 	c.parkMu.Lock()
 	parked := c.parked
-	if len(c.parkPrior) > 0 {
-		parked = maps.Clone(c.parkPrior)
+	if len(c.parkPrior) > 0 || len(c.parkKept) > 0 {
+		parked = maps.Clone(c.parkKept)
+		if parked == nil {
+			parked = map[Key]time.Time{}
+		}
+		maps.Copy(parked, c.parkPrior)
 		maps.Copy(parked, c.parked)
 	}
 	buf := encodeParkState(parked, time.Now())
