@@ -415,13 +415,16 @@ func slabTierKeeps(capa, slab uint64, classes []blockClass, high float64, fullIs
 }
 
 // nvmeKeeps is what an NVMe store of limit logical bytes keeps of blocks
-// of the classes, each charged its bytes plus nvme.BlockOverhead: exact
-// for one class, in a request's mix for two (mixKeeps).
+// of the classes, each charged as the store does: its bytes padded to the
+// direct-I/O alignment (nvme.PlanAlign) plus nvme.BlockOverhead; exact for
+// one class, in a request's mix for two (mixKeeps).
 func nvmeKeeps(limit uint64, classes []blockClass) (tierKeeps, bool) {
 	space := make([]uint64, len(classes))
 	for i, c := range classes {
-		var carry uint64
-		if space[i], carry = bits.Add64(c.bytes, nvme.BlockOverhead, 0); carry != 0 {
+		padded, carry := bits.Add64(c.bytes, nvme.PlanAlign-1, 0)
+		padded -= padded % nvme.PlanAlign
+		var c2 uint64
+		if space[i], c2 = bits.Add64(padded, nvme.BlockOverhead, 0); carry|c2 != 0 {
 			return tierKeeps{}, false
 		}
 	}

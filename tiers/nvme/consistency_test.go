@@ -151,6 +151,16 @@ func checkInvariants(s *Store) (bad []string) {
 			bad = append(bad, fmt.Sprintf("badger has %v (%d bytes, seg %d) but the index does not (a Put that returned nil is a miss)", k, r.n, r.seg))
 		}
 	}
+	var pad, pinned int64
+	for k, i := range s.idx.m {
+		pad += s.idx.pad(s.idx.ents[i].size)
+		if s.idx.pinned != nil && s.idx.pinned(k) {
+			pinned += s.idx.ents[i].size
+		}
+	}
+	if pad != s.idx.padBytes || pinned != s.idx.pinnedBytes {
+		bad = append(bad, fmt.Sprintf("idx.padBytes %d, sum %d; idx.pinnedBytes %d, sum %d", s.idx.padBytes, pad, s.idx.pinnedBytes, pinned))
+	}
 	if sum != s.idx.bytes {
 		bad = append(bad, fmt.Sprintf("idx.bytes %d, sum of sizes %d", s.idx.bytes, sum))
 	}

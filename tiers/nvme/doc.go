@@ -126,8 +126,12 @@
 //
 // # Byte budget
 //
-// A block is charged len(payload)+192 bytes (padding, index record, LSM
-// entry). Put evicts least-recently-used blocks (deleted in the same badger
+// A block is charged its record on disk (the payload padded to the
+// direct-I/O alignment) plus 192 bytes (index record, LSM entry): a block
+// far smaller than the alignment takes the alignment on disk, and charged
+// less it would fill the disk under the limit's floor, where no penalty
+// makes eviction free anything (TestSmallBlocksDoNotWedgeTheStore). Put
+// evicts least-recently-used blocks (deleted in the same badger
 // transaction as the new record) while the charged total would exceed the
 // logical limit:
 //

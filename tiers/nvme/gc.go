@@ -110,7 +110,7 @@ func (s *Store) runGC(ctx context.Context, ratio float64) {
 		if disk+live > capacity && (disk <= capacity || live > s.fsAvail.Load()-fsReserve) {
 			continue
 		}
-		s.compact(ctx, c.sg)
+		s.compact(ctx, c.sg, live)
 	}
 }
 
@@ -126,8 +126,12 @@ func (s *Store) removeSegment(id uint32) {
 // Each block is moved under its key's stripe lock, read, verified (a block
 // that fails is dropped and counted like a failed Get), appended anew and
 // its index record rewritten; a block whose stripe is busy is left for a
-// later pass.
-func (s *Store) compact(ctx context.Context, sg *segment) {
+// later pass. reserve (sg's live bytes when runGC found room for them) is
+// counted in admitted until the moves have written it, so that waitRoom
+// does not let Puts into the room the copies take meanwhile.
+func (s *Store) compact(ctx context.Context, sg *segment, reserve int64) {
+	s.admitted.Add(reserve)
+	defer func() { s.admitted.Add(-reserve) }()
 	var keys []Key
 	s.mu.Lock()
 	for i := range s.idx.ents {
@@ -149,26 +153,30 @@ func (s *Store) compact(ctx context.Context, sg *segment) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.relocate(k, sg.id, &buf)
+		w := min(s.relocate(k, sg.id, &buf), reserve)
+		reserve -= w
+		s.admitted.Add(-w) // in writtenSince now
 	}
 	if sg.live.Load() <= 0 && sg.pending.Load() == 0 {
 		s.removeSegment(sg.id)
 	}
 }
 
-func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
+// relocate moves k out of segment from (see compact) and returns the
+// bytes it wrote.
+func (s *Store) relocate(k Key, from uint32, buf **[]byte) int64 {
 	s.gate.RLock()
 	defer s.gate.RUnlock()
 	st := stripeOf(k)
 	if !s.stripes[st].TryLock() {
-		return
+		return 0
 	}
 	defer s.stripes[st].Unlock()
 	s.mu.Lock()
 	i, ok := s.idx.get(k)
 	if !ok || s.idx.ents[i].seg != from {
 		s.mu.Unlock()
-		return
+		return 0
 	}
 	s.mu.Unlock()
 
@@ -191,10 +199,10 @@ func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
 		})
 	})
 	if errors.Is(err, badger.ErrDBClosed) {
-		return
+		return 0
 	}
 	if err == nil && ok && rec.seg != from {
-		return // not ours (cannot happen under the stripe lock)
+		return 0 // not ours (cannot happen under the stripe lock)
 	}
 	if err == nil && ok {
 		if *buf == nil || int64(cap(**buf)) < s.segs.recLen(rec.n) {
@@ -208,8 +216,7 @@ func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
 			err = errors.New("checksum mismatch")
 		}
 		if err == nil {
-			s.move(k, kb, rec, b)
-			return
+			return s.move(k, kb, rec, b)
 		}
 	} else if err == nil {
 		err = errors.New("malformed index record")
@@ -236,18 +243,20 @@ func (s *Store) relocate(k Key, from uint32, buf **[]byte) {
 	if sz >= 0 {
 		s.segs.release(seg, sz, false)
 	}
+	return 0
 }
 
-// move appends the verified payload b and points k's record at it.
-// Requires k's stripe lock.
-func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
+// move appends the verified payload b and points k's record at it, and
+// returns the bytes it wrote (counted in writtenSince). Requires k's
+// stripe lock.
+func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) int64 {
 	if s.deletionRoom() == 0 {
-		return // no room to log the new record (see deletionRoom)
+		return 0 // no room to log the new record (see deletionRoom)
 	}
 	seg, off, err := s.segs.append(b)
 	if err != nil {
 		s.log.Warn("nvme: compaction append failed", "err", err)
-		return
+		return 0
 	}
 	if s.testHook != nil {
 		s.testHook("move")
@@ -259,7 +268,7 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 	if err := s.db.Update(func(txn *badger.Txn) error { return txn.SetEntry(badger.NewEntry(kb[:], rb[:])) }); err != nil {
 		s.segs.release(seg, rec.n, true)
 		s.log.Warn("nvme: compaction index update failed", "err", err)
-		return
+		return 0
 	}
 	s.mu.Lock()
 	if i, ok := s.idx.get(k); ok {
@@ -280,8 +289,10 @@ func (s *Store) move(k Key, kb [keyLen]byte, rec record, b []byte) {
 	s.relogDeletes(relog, waits)
 	s.segs.commit(seg)
 	s.segs.release(old, rec.n, false)
-	s.writtenSince.Add(s.segs.recLen(rec.n))
+	w := s.segs.recLen(rec.n)
+	s.writtenSince.Add(w)
 	s.moved.Add(1)
+	return w
 }
 
 // evictDown evicts LRU blocks until the index is under the current limit,
@@ -293,7 +304,7 @@ func (s *Store) evictDown() {
 	defer s.gate.RUnlock()
 	for {
 		s.mu.Lock()
-		over := s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
+		over := s.chargedLocked() - s.limit()
 		s.mu.Unlock()
 		if over <= 0 {
 			return
@@ -304,7 +315,7 @@ func (s *Store) evictDown() {
 			return
 		}
 		s.mu.Lock()
-		over = s.idx.bytes + int64(s.idx.len())*blockOverhead - s.limit()
+		over = s.chargedLocked() - s.limit()
 		vs, _ := s.pickVictimsLocked(over, room, nil, nil)
 		s.mu.Unlock()
 		if len(vs) == 0 {

@@ -17,6 +17,10 @@ type index struct {
 	// comes and goes.
 	pinned      func(Key) bool
 	pinnedBytes int64
+	// align is the segments' record alignment; padBytes sums the padding
+	// that takes each block's size to it (charged by the byte budget).
+	align    int64
+	padBytes int64
 }
 
 type entry struct {
@@ -33,6 +37,14 @@ func newIndex(hint int) *index {
 }
 
 func (x *index) len() int { return len(x.m) }
+
+// pad is the padding of a size-byte record on disk.
+func (x *index) pad(size int64) int64 {
+	if x.align <= 1 {
+		return 0
+	}
+	return (size+x.align-1)/x.align*x.align - size
+}
 
 func (x *index) get(k Key) (int32, bool) {
 	i, ok := x.m[k]
@@ -94,6 +106,7 @@ func (x *index) put(k Key, size int64, seg uint32, cold bool) int64 {
 		x.ents[i].size = size
 		x.ents[i].seg = seg
 		x.bytes += size - old
+		x.padBytes += x.pad(size) - x.pad(old)
 		if x.pinned != nil && x.pinned(k) {
 			x.pinnedBytes += size - old
 		}
@@ -116,6 +129,7 @@ func (x *index) put(k Key, size int64, seg uint32, cold bool) int64 {
 	x.ents[i] = entry{key: k, size: size, seg: seg, prev: nilIdx, next: nilIdx}
 	x.m[k] = i
 	x.bytes += size
+	x.padBytes += x.pad(size)
 	if x.pinned != nil && x.pinned(k) {
 		x.pinnedBytes += size
 	}
@@ -137,6 +151,7 @@ func (x *index) remove(k Key) (int64, uint32) {
 	x.unlink(i)
 	sz := x.ents[i].size
 	x.bytes -= sz
+	x.padBytes -= x.pad(sz)
 	if x.pinned != nil && x.pinned(k) {
 		x.pinnedBytes -= sz
 	}

@@ -220,8 +220,15 @@ func budgetFor(C, segFileSize int64) *budget {
 }
 
 // BlockOverhead is what the byte budget charges per block on top of its
-// payload (see "Byte budget").
+// payload padded to the segments' direct-I/O alignment (see "Byte
+// budget"); a payload that is a multiple of it (any multiple of 4 KiB
+// is) has no padding.
 const BlockOverhead = blockOverhead
+
+// PlanAlign is the direct-I/O alignment a planner assumes for the record
+// of a block on disk: 4 KiB, the common one (a filesystem that takes
+// 512-byte direct I/O pads less, so the store keeps at least as many).
+const PlanAlign = 4096
 
 // LogicalLimitFor is the logical limit of a store opened with the given
 // CapacityBytes, before any adaptive penalty: the charged bytes (payload
@@ -538,6 +545,7 @@ func (s *Store) reindex(ctx context.Context) error {
 	}
 	x := newIndex(0)
 	x.pinned = s.opts.Unevictable
+	x.align = s.segs.offAlign
 	var order []kv
 	var bad [][]byte
 	var badSeg uint32 // the largest segment id a dropped record names
@@ -658,7 +666,16 @@ func (s *Store) limit() int64 {
 	return max(b.baseLimit-s.penalty, b.capacity/8)
 }
 
-func charged(size int64) int64 { return size + blockOverhead }
+// charge is what the budget charges for a block of size bytes: its
+// record on disk (the payload padded to the segments' alignment) and
+// blockOverhead.
+func (s *Store) charge(size int64) int64 { return s.segs.recLen(size) + blockOverhead }
+
+// chargedLocked is the budget's charge for every indexed block. Requires
+// s.mu.
+func (s *Store) chargedLocked() int64 {
+	return s.idx.bytes + s.idx.padBytes + int64(s.idx.len())*blockOverhead
+}
 
 // MaxBlockBytes returns the largest block Put accepts (one segment file
 // minus slack).
@@ -747,7 +764,7 @@ func (s *Store) PutBatchIf(keys []Key, blocks [][]byte, keep func(i int) bool) (
 func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) error {
 	var need int64
 	for _, b := range blocks {
-		need += charged(int64(len(b)))
+		need += s.charge(int64(len(b)))
 	}
 	if err := s.waitRoom(need); err != nil {
 		return err
@@ -830,7 +847,7 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 			keys, blocks, kbs, recs = fk, fb, fkb, fr
 			need = 0
 			for _, b := range blocks {
-				need += charged(int64(len(b)))
+				need += s.charge(int64(len(b)))
 			}
 		}
 	}
@@ -841,12 +858,12 @@ func (s *Store) putChunk(keys []Key, blocks [][]byte, keep func(i int) bool) err
 	}
 	olds := make([]prior, len(keys))
 	s.mu.Lock()
-	over := s.idx.bytes + int64(s.idx.len()+len(keys))*blockOverhead + need - s.limit()
+	over := s.chargedLocked() + need - s.limit()
 	for i, k := range keys {
 		olds[i] = prior{size: -1}
 		if j, ok := s.idx.get(k); ok {
 			olds[i] = prior{s.idx.ents[j].size, s.idx.ents[j].seg}
-			over -= charged(olds[i].size)
+			over -= s.charge(olds[i].size)
 		}
 	}
 	victims, pinned := s.pickVictimsLocked(over, maxVictimsPerPut, func(k Key) bool { return slices.Contains(keys, k) }, &held)
@@ -994,7 +1011,7 @@ func (s *Store) pickVictimsLocked(over int64, maxVictims int, exclude func(Key) 
 		}
 		if ok {
 			vs = append(vs, victim{e.key, e.size, e.seg, st})
-			over -= charged(e.size)
+			over -= s.charge(e.size)
 		} else {
 			busy = true
 		}

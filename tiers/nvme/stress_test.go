@@ -72,7 +72,7 @@ func TestWaitRoomConcurrentPuts(t *testing.T) {
 	// A file in the store directory counts in the measured usage: fill it
 	// so that exactly one more block fits under the capacity.
 	used := storeUsage(dir)
-	fill := capacity - headroom - charged(blk) - used - 64<<10
+	fill := capacity - headroom - s.charge(blk) - used - 64<<10
 	if err := os.WriteFile(filepath.Join(dir, "filler"), make([]byte, fill), 0o600); err != nil {
 		t.Fatal(err)
 	}
