@@ -1050,13 +1050,15 @@ func (c *Chain) copyUp(run []*promotion) (errs []error, held []*Handle) {
 	t0 := time.Now()
 	errs, held = make([]error, len(run)), make([]*Handle, len(run))
 	var total int64
-	for _, p := range run {
+	sizes := make([]int64, len(run))
+	for i, p := range run {
 		total += p.size
+		sizes[i] = p.size
 	}
 	// Make room by demotion first: the host tier's own eviction would drop
 	// blocks that have no copy in NVMe yet. This runs on a mover goroutine,
 	// never on a ring loop.
-	c.makeRoom(total, len(run))
+	c.makeRoom(total, len(run), sizes...)
 	var (
 		keys []nvme.Key
 		dsts [][]byte
@@ -1227,22 +1229,28 @@ func (c *Chain) demoteLoop(ctx context.Context) {
 const demoteBatchBlocks = 16
 
 // makeRoom demotes until n more bytes, for blocks blocks, fit under the
-// high watermark. Each round demotes as many blocks as are coming in
+// high watermark, and the blocks of sizes (if given) can be placed without
+// an eviction. Each round demotes as many blocks as are coming in
 // (between 4 and demoteBatchBlocks): a run of promotions makes its room
 // with one batch of writes rather than one small batch per 4 blocks, and
 // a single block still waits for no more than 4 to go down.
-func (c *Chain) makeRoom(n int64, blocks int) {
+func (c *Chain) makeRoom(n int64, blocks int, sizes ...int64) {
+	// Under the watermark is not always room: with several block sizes the
+	// free bytes may be free slots of other classes' slabs, no slab free
+	// and none compactable, and the reservation would evict a block that
+	// has no copy below.
+	room := func() bool { return c.fits(n) && (len(sizes) == 0 || c.Host.Placeable(sizes)) }
 	// Where they fit already, the promotion goes ahead without the lock,
 	// instead of waiting for the demoter's batch in progress (the watermark
 	// is a target, not a limit: concurrent promotions may pass it by a few
 	// blocks, and the demoter brings the tier back).
-	if c.fits(n) {
+	if room() {
 		return
 	}
 	c.demoteMu.Lock()
 	defer c.demoteMu.Unlock()
 	batch := min(max(blocks, 4), demoteBatchBlocks)
-	for !c.fits(n) && c.demoteBatch(batch) > 0 {
+	for !room() && c.demoteBatch(batch) > 0 {
 	}
 }
 

@@ -870,7 +870,7 @@ func (gs *GPUSet) writeDown(g *GPU, hd *Handle, pin bool) (*Handle, error) {
 	}
 	start := time.Now()
 	if c.NVMe != nil {
-		c.makeRoom(hd.Size, 1) // demote host → nvme rather than drop
+		c.makeRoom(hd.Size, 1, hd.Size) // demote host → nvme rather than drop
 	}
 	dst, err := c.Host.Reserve(hd.Key, hd.Size)
 	if err == nil {

@@ -58,6 +58,48 @@ func (h *Host) Occupied() (occupied, capacity int64) {
 	return h.size - free, h.size
 }
 
+// Placeable reports whether blocks of sizes can be reserved without an
+// eviction: in free slots of their classes, in free slabs, or in slabs
+// that compaction frees (the free slots of a class with an unpinned slab,
+// a slab's worth each). Sizes larger than a slab are left out (Reserve
+// refuses them). The answer is a snapshot: others reserve meanwhile.
+func (h *Host) Placeable(sizes []int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	need := map[int64]int{}
+	for _, size := range sizes {
+		if size > 0 && size <= h.slabBytes {
+			need[size]++
+		}
+	}
+	taken := map[*class]int{} // free slots the blocks take in existing classes
+	slabs := 0
+	for size, n := range need {
+		c := h.classes[size]
+		if c == nil {
+			stride := (size + h.align - 1) / h.align * h.align
+			spp := int(h.slabBytes / stride)
+			slabs += (n + spp - 1) / spp
+			continue
+		}
+		use := min(n, c.freeSlots())
+		taken[c] = use
+		if n > use {
+			slabs += (n - use + c.spp - 1) / c.spp
+		}
+	}
+	if slabs <= len(h.pool) {
+		return true
+	}
+	reclaim := 0
+	for _, d := range h.classList {
+		if d.unpinned > 0 {
+			reclaim += min((d.freeSlots()-taken[d])/d.spp, d.unpinned)
+		}
+	}
+	return slabs <= len(h.pool)+reclaim
+}
+
 // SetOnRemove installs a callback run, under the tier's lock, whenever a
 // committed block leaves the index (eviction, deletion, demotion). It must
 // not call back into the Host.
