@@ -49,6 +49,10 @@ type quarantine struct {
 
 	mu      sync.Mutex
 	entries []quarantined
+	// watches holds one pidfd per process whose entries are held, shared
+	// by its entries: a client that ends session after session would
+	// otherwise make the daemon hold an fd per session for the hold.
+	watches map[uint32]*pidWatch
 	closing bool          // no more entries: run ends once they are released
 	drop    bool          // release every entry now (close without wait)
 	wake    chan struct{} // an entry was added or closing set (capacity 1)
@@ -60,7 +64,7 @@ type quarantine struct {
 
 type quarantined struct {
 	pid     uint32
-	w       procWatch
+	w       *pidWatch
 	until   time.Time
 	since   time.Time
 	handles []*tiers.Handle
@@ -75,8 +79,42 @@ func processExited(pid uint32) bool {
 	return exited
 }
 
+// pidWatch is a procWatch shared by the entries of one process (q.mu).
+type pidWatch struct {
+	w    procWatch
+	refs int
+}
+
+// watch returns a watch on pid, shared with the entries already held for
+// it, or exited when pid has exited. A shared watch that reports an exit
+// is not reused: pid may name a new process now. q.mu held.
+func (q *quarantine) watch(pid uint32) (pw *pidWatch, exited bool) {
+	if pw = q.watches[pid]; pw != nil && !pollExited([]procWatch{pw.w}, 0)[0] {
+		pw.refs++
+		return pw, false
+	}
+	w, exited := watchProc(pid)
+	if exited {
+		return nil, true
+	}
+	pw = &pidWatch{w: w, refs: 1}
+	q.watches[pid] = pw // one that exited stays with its entries until they go
+	return pw, false
+}
+
+// unwatch drops an entry's reference to its watch. q.mu held.
+func (q *quarantine) unwatch(pid uint32, pw *pidWatch) {
+	if pw.refs--; pw.refs > 0 {
+		return
+	}
+	pw.w.close()
+	if q.watches[pid] == pw {
+		delete(q.watches, pid)
+	}
+}
+
 func newQuarantine(log *slog.Logger) *quarantine {
-	q := &quarantine{log: log, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	q := &quarantine{log: log, wake: make(chan struct{}, 1), done: make(chan struct{}), watches: map[uint32]*pidWatch{}}
 	q.hold.Store(int64(quarantineHold))
 	return q
 }
@@ -89,7 +127,9 @@ func (q *quarantine) add(pid uint32, handles []*tiers.Handle) {
 	if len(handles) == 0 {
 		return
 	}
-	w, exited := watchProc(pid)
+	q.mu.Lock()
+	w, exited := q.watch(pid)
+	q.mu.Unlock()
 	if exited {
 		abortAll(handles)
 		return
@@ -135,7 +175,7 @@ func (q *quarantine) run(ctx context.Context) {
 		n, closing, drop := len(q.entries), q.closing, q.drop
 		ws := make([]procWatch, n)
 		for i, e := range q.entries {
-			ws[i] = e.w
+			ws[i] = e.w.w
 		}
 		q.mu.Unlock()
 		if ctx.Err() != nil {
@@ -173,6 +213,7 @@ func (q *quarantine) release(free func(e quarantined, i int) bool, why string) {
 	for i, e := range q.entries {
 		if free(e, i) {
 			out = append(out, e)
+			q.unwatch(e.pid, e.w)
 		} else {
 			kept = append(kept, e)
 		}
@@ -182,7 +223,6 @@ func (q *quarantine) release(free func(e quarantined, i int) bool, why string) {
 	q.mu.Unlock()
 	now := time.Now()
 	for _, e := range out {
-		e.w.close()
 		abortAll(e.handles)
 		q.blocks.Add(-int64(len(e.handles)))
 		reason := why

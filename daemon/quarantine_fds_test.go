@@ -1,0 +1,62 @@
+package daemon
+
+import (
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/kvtier/kvtier/shm"
+)
+
+// TestQuarantineFDsPerProcess: every session that ends with a reservation
+// open puts its reservations in the quarantine, which watches the client's
+// process with a pidfd until it exits or the hold passes. One watch was
+// opened per session, not per process: a single live client that opened
+// and closed sessions one after another (each within session.max_sessions)
+// made the daemon hold a descriptor per closed session for the whole hold,
+// bounded only by how fast it could churn, until the daemon ran out of fds
+// and refused everyone.
+func TestQuarantineFDsPerProcess(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Session.MaxSessions = 2
+	r := startDaemon(t, cfg, slog.New(slog.DiscardHandler))
+	t.Cleanup(r.d.quar.expireAll) // the daemon's stop waits for the hold
+	fds := func() int {
+		e, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd")
+		}
+		return len(e)
+	}
+	gone := func() bool {
+		r.d.mu.Lock()
+		defer r.d.mu.Unlock()
+		return len(r.d.sessions) == 0
+	}
+	const n = 64
+	f0 := fds()
+	for i := range n {
+		p, code := rawOpen(t, cfg.Socket, rawNS("quarantine-fds", 4096))
+		if p == nil {
+			t.Fatalf("session %d refused: %d", i, code)
+		}
+		if c := p.do(shm.SQE{Op: shm.OpReserve, Hash: shm.Hash{Hi: 1, Lo: uint64(i)}}); c[0].Status != shm.StatusOK {
+			t.Fatalf("reserve %d: %v", i, c[0].Status)
+		}
+		p.conn.Close()
+		p.reg.Close()
+		waitUntil(t, "the session to end", gone)
+	}
+	if q := r.d.quar.blocks.Load(); q != n {
+		t.Fatalf("%d reservations quarantined, want %d", q, n)
+	}
+	// The test's own sockets and mappings are closed; a few fds of slack.
+	if grew := fds() - f0; grew > 8 {
+		t.Fatalf("the daemon holds %d more fds after %d sessions of one live process ended with a reservation open (want one watch for the process)", grew, n)
+	}
+	r.d.quar.expireAll()
+	waitUntil(t, "the quarantine to empty", func() bool { return r.d.quar.blocks.Load() == 0 })
+	if grew := fds() - f0; grew > 2 {
+		t.Fatalf("%d fds still held after the quarantine emptied", grew)
+	}
+}
