@@ -59,7 +59,12 @@ type quarantine struct {
 	done    chan struct{} // closed when run has released everything and returned
 
 	blocks atomic.Int64 // reservations held now
-	total  atomic.Uint64
+	// held counts the entries (sessions ended with reservations open) held
+	// now: they count against session.max_sessions, or a live process
+	// that opened, reserved and hung up again and again held host slots
+	// past any limit on sessions.
+	held  atomic.Int64
+	total atomic.Uint64
 }
 
 type quarantined struct {
@@ -143,6 +148,7 @@ func (q *quarantine) add(pid uint32, handles []*tiers.Handle) {
 	now, hold := time.Now(), time.Duration(q.hold.Load())
 	q.mu.Lock()
 	q.entries = append(q.entries, quarantined{pid: pid, w: w, until: now.Add(hold), since: now, handles: handles})
+	q.held.Add(1)
 	q.mu.Unlock()
 	q.blocks.Add(int64(len(handles)))
 	q.total.Add(uint64(len(handles)))
@@ -214,6 +220,7 @@ func (q *quarantine) release(free func(e quarantined, i int) bool, why string) {
 		if free(e, i) {
 			out = append(out, e)
 			q.unwatch(e.pid, e.w)
+			q.held.Add(-1)
 		} else {
 			kept = append(kept, e)
 		}

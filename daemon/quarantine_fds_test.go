@@ -17,8 +17,9 @@ import (
 // bounded only by how fast it could churn, until the daemon ran out of fds
 // and refused everyone.
 func TestQuarantineFDsPerProcess(t *testing.T) {
+	const n = 64
 	cfg := testConfig(t)
-	cfg.Session.MaxSessions = 2
+	cfg.Session.MaxSessions = n + 2 // quarantined sessions count against it
 	r := startDaemon(t, cfg, slog.New(slog.DiscardHandler))
 	t.Cleanup(r.d.quar.expireAll) // the daemon's stop waits for the hold
 	fds := func() int {
@@ -33,7 +34,6 @@ func TestQuarantineFDsPerProcess(t *testing.T) {
 		defer r.d.mu.Unlock()
 		return len(r.d.sessions) == 0
 	}
-	const n = 64
 	f0 := fds()
 	for i := range n {
 		p, code := rawOpen(t, cfg.Socket, rawNS("quarantine-fds", 4096))
@@ -59,4 +59,53 @@ func TestQuarantineFDsPerProcess(t *testing.T) {
 	if grew := fds() - f0; grew > 2 {
 		t.Fatalf("%d fds still held after the quarantine emptied", grew)
 	}
+}
+
+// TestQuarantinedSessionsCountAgainstLimit: sessions that ended with
+// reservations open, held in the quarantine with their slots, count
+// against session.max_sessions; they did not, so one live process that
+// opened a session, reserved and hung up, again and again, held host slots
+// for as many sessions as it could open in the hold, past the limit.
+func TestQuarantinedSessionsCountAgainstLimit(t *testing.T) {
+	const limit = 3
+	cfg := testConfig(t)
+	cfg.Session.MaxSessions = limit
+	r := startDaemon(t, cfg, slog.New(slog.DiscardHandler))
+	t.Cleanup(r.d.quar.expireAll)
+	gone := func() bool {
+		r.d.mu.Lock()
+		defer r.d.mu.Unlock()
+		return len(r.d.sessions) == 0
+	}
+	ns := rawNS("quarantine-limit", 4096)
+	for i := range limit {
+		p, code := rawOpen(t, cfg.Socket, ns)
+		if p == nil {
+			t.Fatalf("session %d refused (%d) with %d sessions held in quarantine", i, code, i)
+		}
+		if c := p.do(shm.SQE{Op: shm.OpReserve, Hash: shm.Hash{Hi: 2, Lo: uint64(i)}}); c[0].Status != shm.StatusOK {
+			t.Fatalf("reserve %d: %v", i, c[0].Status)
+		}
+		p.conn.Close()
+		p.reg.Close()
+		waitUntil(t, "the session to end", gone)
+	}
+	if q := r.d.quar.held.Load(); q != limit {
+		t.Fatalf("%d sessions held in quarantine, want %d", q, limit)
+	}
+	if p, code := rawOpen(t, cfg.Socket, ns); p != nil || code != shm.CodeBusy {
+		if p != nil {
+			p.conn.Close()
+			p.reg.Close()
+		}
+		t.Fatalf("session opened (code %d) with session.max_sessions (%d) sessions' reservations held in quarantine; want refused busy", code, limit)
+	}
+	r.d.quar.expireAll()
+	waitUntil(t, "the quarantine to empty", func() bool { return r.d.quar.held.Load() == 0 })
+	p, code := rawOpen(t, cfg.Socket, ns)
+	if p == nil {
+		t.Fatalf("session refused (%d) after the quarantine emptied", code)
+	}
+	p.conn.Close()
+	p.reg.Close()
 }

@@ -133,10 +133,11 @@ func (d *Daemon) newSession(c *net.UnixConn, cred *unix.Ucred, h shm.Hello, log 
 	threads, threadsWhat, threadsKnown := threadLimit()
 	d.mu.Lock()
 	// Sessions being opened count against the limit too, or concurrent
-	// (or back-to-back) handshakes could all pass the check.
-	if len(d.sessions)+d.opening >= d.cfg.Session.MaxSessions {
+	// (or back-to-back) handshakes could all pass the check; so do those
+	// ended with reservations held in the quarantine (their slots).
+	if quar := int(d.quar.held.Load()); len(d.sessions)+d.opening+quar >= d.cfg.Session.MaxSessions {
 		d.mu.Unlock()
-		err := fmt.Errorf("session limit %d reached", d.cfg.Session.MaxSessions)
+		err := fmt.Errorf("session limit %d reached (%d of them ended, their reservations held in quarantine)", d.cfg.Session.MaxSessions, quar)
 		d.refuse(c, shm.CodeBusy, err.Error())
 		return nil, err
 	}
