@@ -1012,7 +1012,11 @@ func (gs *GPUSet) demoteLoop(ctx context.Context, g *GPU) {
 // demoteBatch moves up to n of GPU g's coldest unleased blocks to the host
 // tier and returns how many left the GPU and how many copies failed.
 func (gs *GPUSet) demoteBatch(g *GPU, n int) (moved, failed int) {
-	for _, hd := range g.Slots.PinColdest(n, nil) {
+	// Blocks larger than a host slab (gpu.slab_bytes may exceed
+	// host.slab_bytes) cannot go down: skipped, else the coldest of them
+	// would take every batch and the demoter never free the GPU.
+	hostSlab := gs.Chain.Host.slabBytes
+	for _, hd := range g.Slots.pinColdest(n, func(hd *Handle) bool { return hd.Size > hostSlab }) {
 		if _, err := gs.writeDown(g, hd, false); err != nil {
 			if !errors.Is(err, errDeleted) && !errors.Is(err, errHostBusy) {
 				failed++

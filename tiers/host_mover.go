@@ -8,6 +8,15 @@ package tiers
 // PinColdest pins up to n committed, unleased blocks, least recently used
 // first, skipping those for which skip returns true (they stay in place).
 func (h *Host) PinColdest(n int, skip func(Key) bool) []*Handle {
+	if skip == nil {
+		return h.pinColdest(n, nil)
+	}
+	return h.pinColdest(n, func(hd *Handle) bool { return skip(hd.Key) })
+}
+
+// pinColdest is PinColdest with skip given the block's handle (called
+// under h.mu: it must not call h).
+func (h *Host) pinColdest(n int, skip func(*Handle) bool) []*Handle {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []*Handle
@@ -32,7 +41,7 @@ func (h *Host) PinColdest(n int, skip func(Key) bool) []*Handle {
 		} else {
 			delete(cursors, best)
 		}
-		if skip != nil && skip(hd.Key) {
+		if skip != nil && skip(hd) {
 			continue
 		}
 		h.pinLocked(hd)
