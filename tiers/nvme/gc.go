@@ -55,7 +55,14 @@ func (s *Store) maintain(ctx context.Context) {
 		return
 	}
 	s.mu.Lock()
-	s.penalty += disk - softCap
+	// Past baseLimit − capacity/8 the limit is at its floor and a larger
+	// penalty evicts nothing more: it only grows while the excess is bytes
+	// no eviction can remove (unevictable blocks over a capacity lowered
+	// under them), and would hold the limit at its floor long after the
+	// capacity is raised back (the penalty decays by a quarter of the
+	// headroom per pass).
+	b := s.bud.Load()
+	s.penalty = min(s.penalty+disk-softCap, max(0, b.baseLimit-b.capacity/8))
 	limit := s.limit()
 	s.mu.Unlock()
 	s.log.Debug("nvme: over soft cap; shrinking logical limit", "disk", disk, "soft_cap", softCap, "limit", limit)

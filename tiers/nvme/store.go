@@ -260,8 +260,9 @@ func (s *Store) SetCapacity(n int64) error {
 	}
 	defer s.exit()
 	s.mu.Lock()
-	old := s.bud.Load()
-	s.bud.Store(budgetFor(n, s.segFileSize))
+	old, b := s.bud.Load(), budgetFor(n, s.segFileSize)
+	s.bud.Store(b)
+	s.penalty = min(s.penalty, max(0, b.baseLimit-b.capacity/8)) // as maintain bounds it
 	s.mu.Unlock()
 	if n < old.capacity {
 		s.evictDown()
