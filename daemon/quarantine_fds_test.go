@@ -29,23 +29,9 @@ func TestQuarantineFDsPerProcess(t *testing.T) {
 		}
 		return len(e)
 	}
-	gone := func() bool {
-		r.d.mu.Lock()
-		defer r.d.mu.Unlock()
-		return len(r.d.sessions) == 0
-	}
 	f0 := fds()
 	for i := range n {
-		p, code := rawOpen(t, cfg.Socket, rawNS("quarantine-fds", 4096))
-		if p == nil {
-			t.Fatalf("session %d refused: %d", i, code)
-		}
-		if c := p.do(shm.SQE{Op: shm.OpReserve, Hash: shm.Hash{Hi: 1, Lo: uint64(i)}}); c[0].Status != shm.StatusOK {
-			t.Fatalf("reserve %d: %v", i, c[0].Status)
-		}
-		p.conn.Close()
-		p.reg.Close()
-		waitUntil(t, "the session to end", gone)
+		endWithReservation(t, r, rawNS("quarantine-fds", 4096), shm.Hash{Hi: 1, Lo: uint64(i)})
 	}
 	if q := r.d.quar.blocks.Load(); q != n {
 		t.Fatalf("%d reservations quarantined, want %d", q, n)
@@ -72,23 +58,9 @@ func TestQuarantinedSessionsCountAgainstLimit(t *testing.T) {
 	cfg.Session.MaxSessions = limit
 	r := startDaemon(t, cfg, slog.New(slog.DiscardHandler))
 	t.Cleanup(r.d.quar.expireAll)
-	gone := func() bool {
-		r.d.mu.Lock()
-		defer r.d.mu.Unlock()
-		return len(r.d.sessions) == 0
-	}
 	ns := rawNS("quarantine-limit", 4096)
 	for i := range limit {
-		p, code := rawOpen(t, cfg.Socket, ns)
-		if p == nil {
-			t.Fatalf("session %d refused (%d) with %d sessions held in quarantine", i, code, i)
-		}
-		if c := p.do(shm.SQE{Op: shm.OpReserve, Hash: shm.Hash{Hi: 2, Lo: uint64(i)}}); c[0].Status != shm.StatusOK {
-			t.Fatalf("reserve %d: %v", i, c[0].Status)
-		}
-		p.conn.Close()
-		p.reg.Close()
-		waitUntil(t, "the session to end", gone)
+		endWithReservation(t, r, ns, shm.Hash{Hi: 2, Lo: uint64(i)})
 	}
 	if q := r.d.quar.held.Load(); q != limit {
 		t.Fatalf("%d sessions held in quarantine, want %d", q, limit)
@@ -108,4 +80,25 @@ func TestQuarantinedSessionsCountAgainstLimit(t *testing.T) {
 	}
 	p.conn.Close()
 	p.reg.Close()
+}
+
+// endWithReservation opens a raw session in ns, reserves h and hangs up
+// with the reservation open (the daemon quarantines it), then waits until
+// the daemon has no session left.
+func endWithReservation(t *testing.T, r *running, ns shm.Namespace, h shm.Hash) {
+	t.Helper()
+	p, code := rawOpen(t, r.d.cfg.Socket, ns)
+	if p == nil {
+		t.Fatalf("session for %v refused: %d (%d sessions held in quarantine)", h, code, r.d.quar.held.Load())
+	}
+	if c := p.do(shm.SQE{Op: shm.OpReserve, Hash: h}); c[0].Status != shm.StatusOK {
+		t.Fatalf("reserve %v: %v", h, c[0].Status)
+	}
+	p.conn.Close()
+	p.reg.Close()
+	waitUntil(t, "the session to end", func() bool {
+		r.d.mu.Lock()
+		defer r.d.mu.Unlock()
+		return len(r.d.sessions) == 0
+	})
 }
