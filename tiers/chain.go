@@ -828,6 +828,9 @@ func (c *Chain) Reserve(k Key, size int64) (*Handle, error) {
 		return nil, ErrExists
 	}
 	if k.Parked() && c.parkedOverShare(size) {
+		if c.Host.Present(k) && !c.disownDeletedPromotion(k) {
+			return nil, ErrExists // a duplicate: the share refuses nothing
+		}
 		c.parkRefused.Add(1)
 		return nil, fmt.Errorf("%w: parked blocks hold their share of the nvme tier", ErrFull)
 	}
