@@ -108,11 +108,17 @@ func newGPURigOpts(t *testing.T, o gpuRigOpts) *gpuRig {
 // put stores k through the GPU set's reservation (device writer on gpu).
 func (r *gpuRig) put(t *testing.T, k Key, gpu int) *Host {
 	t.Helper()
-	hd, err := r.gs.Reserve(k, gpuBlock, gpu)
+	return r.putSized(t, k, gpuBlock, gpu)
+}
+
+// putSized is put of a block of size bytes; it returns the tier that took it.
+func (r *gpuRig) putSized(t *testing.T, k Key, size int64, gpu int) *Host {
+	t.Helper()
+	hd, err := r.gs.Reserve(k, size, gpu)
 	if err != nil {
 		t.Fatalf("reserve %v: %v", k, err)
 	}
-	b := blockFor(k, gpuBlock)
+	b := blockFor(k, size)
 	if g := r.gs.GPUOf(hd); g != nil {
 		if err := g.run(func(s cudaipc.Stream) error { return g.Dev.CopyHtoDAsync(g.ptr(hd.Offset), b, s) }); err != nil {
 			t.Fatal(err)

@@ -18,24 +18,7 @@ func TestGPUDemoterSkipsBlocksTooLargeForHost(t *testing.T) {
 	r := newGPURigOpts(t, gpuRigOpts{hostSlab: 256 << 10, start: true})
 	gs, h := r.gs, r.h
 	g := gs.GPUs[0]
-	put := func(k Key, size int64) *Host {
-		t.Helper()
-		hd, err := gs.Reserve(k, size, 0)
-		if err != nil {
-			t.Fatalf("reserve %v: %v", k, err)
-		}
-		if gg := gs.GPUOf(hd); gg != nil {
-			if err := gg.Slots.Commit(hd); err != nil {
-				t.Fatal(err)
-			}
-			gs.Committed(gg)
-			return gg.Slots
-		}
-		if err := h.Commit(hd); err != nil {
-			t.Fatal(err)
-		}
-		return h
-	}
+	put := func(k Key, size int64) *Host { t.Helper(); return r.putSized(t, k, size, 0) }
 	for i := range 8 { // 4 of the 8 GPU slabs, the oldest blocks
 		if at := put(chainKey(1, uint64(i)), big); at != g.Slots {
 			t.Fatalf("big block %d not put on the GPU", i)

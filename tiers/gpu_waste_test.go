@@ -18,24 +18,7 @@ func TestGPUDemoterCountsSlabWaste(t *testing.T) {
 	r := newGPURigOpts(t, gpuRigOpts{high: 0.9, low: 0.8, start: true})
 	gs, h := r.gs, r.h
 	g := gs.GPUs[0]
-	put := func(k Key) *Host {
-		t.Helper()
-		hd, err := gs.Reserve(k, bs, 0)
-		if err != nil {
-			t.Fatalf("reserve %v: %v", k, err)
-		}
-		if gg := gs.GPUOf(hd); gg != nil {
-			if err := gg.Slots.Commit(hd); err != nil {
-				t.Fatal(err)
-			}
-			gs.Committed(gg)
-			return gg.Slots
-		}
-		if err := h.Commit(hd); err != nil {
-			t.Fatal(err)
-		}
-		return h
-	}
+	put := func(k Key) *Host { t.Helper(); return r.putSized(t, k, bs, 0) }
 	fell := -1 // one block per slab: the 9th cannot fit
 	for i := range 9 {
 		if at := put(chainKey(61, uint64(i))); at == h {

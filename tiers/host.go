@@ -352,7 +352,7 @@ func (h *Host) ParkedBytes() int64 {
 func (h *Host) Copied(hd *Handle) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if hd.state != stateCommitted || h.index[hd.Key] != hd {
+	if !h.holdsLocked(hd) {
 		return false
 	}
 	if hd.parked {

@@ -160,6 +160,11 @@ func (h *Host) Pin(key Key) (*Handle, bool) {
 func (h *Host) Holds(hd *Handle) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.holdsLocked(hd)
+}
+
+// holdsLocked is Holds with h.mu held.
+func (h *Host) holdsLocked(hd *Handle) bool {
 	return hd.state == stateCommitted && h.index[hd.Key] == hd
 }
 
@@ -168,7 +173,7 @@ func (h *Host) Holds(hd *Handle) bool {
 func (h *Host) PinHandle(hd *Handle) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if hd.state != stateCommitted || h.index[hd.Key] != hd {
+	if !h.holdsLocked(hd) {
 		return false
 	}
 	h.pinLocked(hd)
